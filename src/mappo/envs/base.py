@@ -1,0 +1,262 @@
+"""The batched environment contract.
+
+One :class:`BatchedEnv` object simulates ``num_envs`` independent copies of a task on one torch
+device. Every environment of the project (the particle world, the combat simulator, the adapters
+for PettingZoo and Gymnasium environments) implements it, and the trainer relies only on it.
+
+Shapes (``E`` = ``num_envs``, ``n`` = agents in a group, ``k`` = action heads of the group):
+
+- agents come in **groups** of identical observation and action spaces, keyed by group name;
+- per-agent tensors are ``[E, n, ...]``: observations ``[E, n, *obs_shape]`` (float32), rewards
+  ``[E, n]`` (float32), ``alive`` flags ``[E, n]`` (bool), action masks ``[E, n, sum(nvec)]``
+  (bool, ``True`` = allowed), actions ``[E, n, k]`` (int64; ``[E, n]`` is accepted for one head);
+- the global state is ``[E, *state_shape]``; an agent-specific state, where the env defines one,
+  is ``[E, n, *agent_state_shape]`` per group;
+- ``terminated`` and ``truncated`` are ``[E]`` bool and kept apart: a time limit is a truncation.
+
+**Auto-reset.** An env whose episode ends in :meth:`BatchedEnv.step` is reset inside that call.
+The returned :class:`EnvStep` then holds the first observation of the new episode in ``obs`` and
+the observation the old episode ended on in ``final_obs`` (likewise ``state``/``final_state``), so
+a truncated episode can be bootstrapped. ``reward``, ``terminated``, ``truncated`` and ``stats``
+belong to the step that ended the episode.
+
+**Seeding.** ``reset(seed)`` reseeds the env's own ``torch.Generator``; the same ``(seed,
+num_envs, device)`` replays the same episodes. Nothing touches torch's global RNG.
+
+**State injection.** :meth:`BatchedEnv.get_state` returns the full simulator state as a dict of
+tensors with a leading ``[E]`` axis; :meth:`BatchedEnv.set_state` puts (some of) the envs into a
+given state, for reference-trajectory tests and curricula.
+
+**Input checks.** With ``validate_actions = True`` (the default) every ``step`` checks the action
+batch (shape, dtype, range, mask) and raises :class:`ActionError` naming the group and what was
+expected. The trainer switches the per-step checks off in its hot loop once its actions are known
+to be well formed.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+class EnvError(ValueError):
+    """A bad environment name, parameter or call; the message names the problem and the fix."""
+
+
+class ActionError(EnvError):
+    """An action batch of the wrong shape, dtype or range, or an action a mask forbids."""
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """Discrete actions with one or more categorical heads.
+
+    ``Discrete(5)`` is ``ActionSpec((5,))``; the particle world's move + message is
+    ``ActionSpec((5, 10))``. An action is one integer per head.
+    """
+
+    nvec: tuple[int, ...]
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.nvec)
+
+    @property
+    def total(self) -> int:
+        """Width of a flat logits or mask vector: the sum of the head sizes."""
+        return int(sum(self.nvec))
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One group of agents sharing observation and action spaces."""
+
+    agents: tuple[str, ...]
+    obs_shape: tuple[int, ...]
+    action: ActionSpec
+    has_action_mask: bool = False
+    agent_state_shape: tuple[int, ...] | None = None
+    """Shape of the agent-specific global state (the MAPPO paper's "AS" state), if any."""
+
+    @property
+    def num_agents(self) -> int:
+        return len(self.agents)
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """Everything the trainer needs to know before the first step."""
+
+    groups: dict[str, GroupSpec]
+    state_shape: tuple[int, ...]
+    episode_limit: int
+    stat_names: tuple[str, ...] = ()
+    """Names of the per-env episode statistics reported in :attr:`EnvStep.stats`."""
+
+    @property
+    def num_agents(self) -> int:
+        return sum(g.num_agents for g in self.groups.values())
+
+
+@dataclass
+class EnvStep:
+    """What ``reset`` and ``step`` return; every tensor is on the env's device."""
+
+    obs: dict[str, Tensor]
+    """Per group ``[E, n, *obs_shape]``: the observation to act on next (post auto-reset)."""
+    state: Tensor
+    """``[E, *state_shape]`` global state, post auto-reset."""
+    reward: dict[str, Tensor]
+    """Per group ``[E, n]``: reward of the step just taken (zeros after ``reset``)."""
+    terminated: Tensor
+    """``[E]`` bool: the episode reached a terminal state (no bootstrap)."""
+    truncated: Tensor
+    """``[E]`` bool: the episode was cut by the time limit (bootstrap when asked)."""
+    alive: dict[str, Tensor]
+    """Per group ``[E, n]`` bool: agents that act in the next step (death masking)."""
+    action_mask: dict[str, Tensor] = field(default_factory=dict)
+    """Per group with masks ``[E, n, sum(nvec)]`` bool, True = allowed; absent = all allowed."""
+    agent_state: dict[str, Tensor] = field(default_factory=dict)
+    """Per group with an agent-specific state ``[E, n, *agent_state_shape]``."""
+    final_obs: dict[str, Tensor] | None = None
+    """Per group ``[E, n, ...]``: the observation each env's last step ended on (pre-reset).
+    Equal to ``obs`` where the env did not finish; ``None`` after ``reset``."""
+    final_state: Tensor | None = None
+    """``[E, *state_shape]`` pre-reset state, as ``final_obs``."""
+    final_agent_state: dict[str, Tensor] = field(default_factory=dict)
+    """Per group pre-reset agent-specific state, as ``final_obs``."""
+    stats: dict[str, Tensor] = field(default_factory=dict)
+    """Per statistic ``[E]`` float32: the statistics of the episode that ended in this step;
+    meaningful only where ``done``."""
+
+    @property
+    def done(self) -> Tensor:
+        """``[E]`` bool: the episode ended (terminated or truncated) and the env was reset."""
+        return self.terminated | self.truncated
+
+
+class BatchedEnv(abc.ABC):
+    """Base class of every batched environment (see the module docstring for the contract).
+
+    Subclasses set ``self.spec`` in ``__init__`` and implement :meth:`reset`, :meth:`_step`,
+    :meth:`get_state` and :meth:`set_state`; :meth:`render` where they can draw themselves.
+    """
+
+    spec: EnvSpec
+    num_envs: int
+    device: torch.device
+    name: str = "env"
+    validate_actions: bool = True
+
+    def __init__(self, num_envs: int, device: str | torch.device = "cpu", seed: int = 0) -> None:
+        if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
+            raise EnvError(f"{self.name}: num_envs must be a positive integer, got {num_envs!r}")
+        self.num_envs = num_envs
+        self.device = torch.device(device)
+        self.seed = seed
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+
+    # -- the contract -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def reset(self, seed: int | None = None) -> EnvStep:
+        """Reset every env; reseed the env's generator first when ``seed`` is given."""
+
+    def step(self, actions: dict[str, Tensor]) -> EnvStep:
+        """Advance every env by one step; actions per group ``[E, n, k]`` int64 (see module doc)."""
+        if self.validate_actions:
+            actions = self.check_actions(actions)
+        return self._step(actions)
+
+    @abc.abstractmethod
+    def _step(self, actions: dict[str, Tensor]) -> EnvStep:
+        """``step`` without the input checks; actions are ``[E, n, k]`` int64 on the device."""
+
+    @abc.abstractmethod
+    def get_state(self) -> dict[str, Tensor]:
+        """The full simulator state, each tensor with a leading ``[E]`` axis (clones)."""
+
+    @abc.abstractmethod
+    def set_state(self, state: dict[str, Tensor], env_ids: Tensor | None = None) -> EnvStep:
+        """Put envs ``env_ids`` (all when ``None``) into ``state`` (leading axis = len(env_ids));
+        returns the observations of the resulting state, as ``reset`` does."""
+
+    def render(self, env_index: int = 0, size: int = 400) -> np.ndarray:
+        """An RGB frame ``[size, size, 3]`` uint8 of env ``env_index``; no display needed."""
+        raise NotImplementedError(f"{self.name} cannot render itself")
+
+    def close(self) -> None:
+        """Release worker processes or other resources (no-op for tensor envs)."""
+
+    # -- helpers ------------------------------------------------------------------------------
+    def reseed(self, seed: int | None) -> None:
+        if seed is not None:
+            self.seed = seed
+            self.generator.manual_seed(seed)
+
+    def check_actions(self, actions: Any) -> dict[str, Tensor]:
+        """Validate an action batch and return it as ``[E, n, k]`` int64 tensors on the device.
+
+        Raises :class:`ActionError` naming the group and what was expected.
+        """
+        if not isinstance(actions, dict):
+            raise ActionError(
+                f"{self.name}: actions must be a dict of group name -> tensor "
+                f"(groups: {list(self.spec.groups)}), got {type(actions).__name__}"
+            )
+        unknown = set(actions) - set(self.spec.groups)
+        missing = set(self.spec.groups) - set(actions)
+        if unknown or missing:
+            raise ActionError(
+                f"{self.name}: action groups {sorted(actions)} do not match the env's groups "
+                f"{list(self.spec.groups)} (missing {sorted(missing)}, unknown {sorted(unknown)})"
+            )
+        out: dict[str, Tensor] = {}
+        for name, group in self.spec.groups.items():
+            a = actions[name]
+            if not isinstance(a, Tensor):
+                a = torch.as_tensor(np.asarray(a))
+            expected = (self.num_envs, group.num_agents, group.action.num_heads)
+            if a.dim() == 2 and group.action.num_heads == 1:
+                a = a.unsqueeze(-1)
+            if tuple(a.shape) != expected:
+                raise ActionError(
+                    f"{self.name}: actions for group '{name}' have shape {tuple(a.shape)}, "
+                    f"expected {expected} (num_envs, agents, heads)"
+                )
+            if a.dtype.is_floating_point or a.dtype == torch.bool or a.dtype.is_complex:
+                raise ActionError(
+                    f"{self.name}: actions for group '{name}' have dtype {a.dtype}, "
+                    "expected an integer dtype (torch.int64)"
+                )
+            a = a.to(device=self.device, dtype=torch.int64)
+            high = torch.tensor(group.action.nvec, device=self.device)
+            bad = (a < 0) | (a >= high)
+            if bool(bad.any()):
+                idx = tuple(int(i) for i in bad.nonzero()[0])
+                raise ActionError(
+                    f"{self.name}: action {int(a[idx])} for group '{name}' at (env, agent, head) "
+                    f"{idx} is out of range; head sizes are {group.action.nvec}"
+                )
+            out[name] = a
+        return out
+
+    def check_action_masks(self, actions: dict[str, Tensor], masks: dict[str, Tensor]) -> None:
+        """Raise :class:`ActionError` if an action is forbidden by its mask ``[E, n, sum(nvec)]``."""
+        for name, mask in masks.items():
+            nvec = self.spec.groups[name].action.nvec
+            offsets = torch.tensor(np.cumsum((0,) + nvec[:-1]), device=self.device)
+            flat = actions[name] + offsets
+            allowed = mask.gather(-1, flat)
+            if not bool(allowed.all()):
+                idx = tuple(int(i) for i in (~allowed).nonzero()[0])
+                raise ActionError(
+                    f"{self.name}: action {int(actions[name][idx])} for group '{name}' at "
+                    f"(env, agent, head) {idx} is not allowed by its action mask; "
+                    "sample from the masked distribution or check step.action_mask"
+                )

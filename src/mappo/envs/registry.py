@@ -1,0 +1,98 @@
+"""Environment names -> factories.
+
+Built-in environments register a name such as ``mpe/simple_spread`` or ``smac/3m``. Names with a
+scheme prefix (``pettingzoo:mpe2.simple_spread_v3``, ``gymnasium:lbforaging:Foraging-8x8-2p-2f-v3``)
+are resolved by the adapter registered for that scheme.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mappo.envs.base import BatchedEnv, EnvError
+
+EnvFactory = Callable[..., BatchedEnv]
+"""``factory(num_envs=..., device=..., seed=..., **kwargs) -> BatchedEnv``."""
+
+
+@dataclass(frozen=True)
+class EnvEntry:
+    name: str
+    factory: EnvFactory
+    description: str
+
+
+_ENVS: dict[str, EnvEntry] = {}
+_SCHEMES: dict[str, EnvFactory] = {}
+"""Scheme prefix (e.g. ``pettingzoo``) -> ``factory(target, num_envs, device, seed, **kwargs)``."""
+
+
+def register(name: str, factory: EnvFactory, description: str = "") -> None:
+    """Make ``name`` available to :func:`make` and to configs."""
+    _ENVS[name] = EnvEntry(name, factory, description)
+
+
+def register_scheme(scheme: str, factory: EnvFactory) -> None:
+    """Resolve every name ``scheme:target`` with ``factory(target, num_envs=..., ...)``."""
+    _SCHEMES[scheme] = factory
+
+
+def list_envs() -> list[EnvEntry]:
+    _load_builtin()
+    return sorted(_ENVS.values(), key=lambda e: e.name)
+
+
+def make(
+    name: str,
+    num_envs: int = 1,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    **kwargs: Any,
+) -> BatchedEnv:
+    """Create a batched env by name, e.g. ``make("mpe/simple_spread", num_envs=1024)``."""
+    _load_builtin()
+    if ":" in name:
+        scheme, target = name.split(":", 1)
+        if scheme not in _SCHEMES:
+            raise EnvError(
+                f"unknown environment scheme '{scheme}' in '{name}'; known schemes: "
+                f"{sorted(_SCHEMES)}"
+            )
+        return _SCHEMES[scheme](target, num_envs=num_envs, device=device, seed=seed, **kwargs)
+    if name not in _ENVS:
+        close = difflib.get_close_matches(name, list(_ENVS), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise EnvError(
+            f"unknown environment '{name}'{hint} (`mappo list` shows the available ones)"
+        )
+    try:
+        return _ENVS[name].factory(num_envs=num_envs, device=device, seed=seed, **kwargs)
+    except TypeError as err:
+        # A misspelt keyword argument surfaces as a TypeError from the constructor.
+        raise EnvError(f"bad parameter for environment '{name}': {err}") from err
+
+
+_LOADED = False
+
+
+def _load_builtin() -> None:
+    """Import the environment packages once, so that they register their names."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    import importlib
+
+    for module in ("mappo.envs.mpe", "mappo.envs.smac", "mappo.envs.adapters"):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            # Only a missing environment package of our own is skipped; a missing
+            # third-party dependency inside it is a real error.
+            if err.name != module:
+                raise
