@@ -190,7 +190,7 @@ class BatchedEnv(abc.ABC):
         """An RGB frame ``[size, size, 3]`` uint8 of env ``env_index``; no display needed."""
         raise NotImplementedError(f"{self.name} cannot render itself")
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op for tensor envs
         """Release worker processes or other resources (no-op for tensor envs)."""
 
     # -- helpers ------------------------------------------------------------------------------
@@ -247,7 +247,7 @@ class BatchedEnv(abc.ABC):
         return out
 
     def check_action_masks(self, actions: dict[str, Tensor], masks: dict[str, Tensor]) -> None:
-        """Raise :class:`ActionError` if an action is forbidden by its mask ``[E, n, sum(nvec)]``."""
+        """Raise :class:`ActionError` if an action is forbidden by its mask ``[E, n, A]``."""
         for name, mask in masks.items():
             nvec = self.spec.groups[name].action.nvec
             offsets = torch.tensor(np.cumsum((0,) + nvec[:-1]), device=self.device)
@@ -260,3 +260,43 @@ class BatchedEnv(abc.ABC):
                     f"(env, agent, head) {idx} is not allowed by its action mask; "
                     "sample from the masked distribution or check step.action_mask"
                 )
+
+
+def spec_to_dict(spec: EnvSpec) -> dict[str, Any]:
+    """A plain (checkpoint- and YAML-safe) description of ``spec``."""
+    return {
+        "groups": {
+            name: {
+                "agents": list(g.agents),
+                "obs_shape": list(g.obs_shape),
+                "nvec": list(g.action.nvec),
+                "has_action_mask": g.has_action_mask,
+                "agent_state_shape": None
+                if g.agent_state_shape is None
+                else list(g.agent_state_shape),
+            }
+            for name, g in spec.groups.items()
+        },
+        "state_shape": list(spec.state_shape),
+        "episode_limit": spec.episode_limit,
+        "stat_names": list(spec.stat_names),
+    }
+
+
+def spec_from_dict(data: dict[str, Any]) -> EnvSpec:
+    """Inverse of :func:`spec_to_dict`."""
+    groups = {
+        name: GroupSpec(
+            agents=tuple(g["agents"]),
+            obs_shape=tuple(g["obs_shape"]),
+            action=ActionSpec(tuple(g["nvec"])),
+            has_action_mask=bool(g["has_action_mask"]),
+            agent_state_shape=None
+            if g["agent_state_shape"] is None
+            else tuple(g["agent_state_shape"]),
+        )
+        for name, g in data["groups"].items()
+    }
+    return EnvSpec(
+        groups, tuple(data["state_shape"]), int(data["episode_limit"]), tuple(data["stat_names"])
+    )

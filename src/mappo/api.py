@@ -1,0 +1,128 @@
+"""Using a trained policy outside training: ``mappo.load_policy(path).act(observations)``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mappo import config as config_mod
+from mappo.envs.base import EnvSpec, EnvStep, spec_from_dict
+from mappo.nn.actor_critic import ActorCritic
+from mappo.trainer import CheckpointError, latest_checkpoint, load_checkpoint
+
+
+class Policy:
+    """A trained MAPPO policy: the actors of every group, with their recurrent state.
+
+    ``act`` takes per-group observations ``[E, n, *obs_shape]`` (or ``[n, *obs_shape]`` for a
+    single env) as tensors or arrays and returns per-group actions ``[E, n, k]`` int64 (``[n, k]``
+    for a single env). The recurrent state is kept between calls for ``E`` envs; pass
+    ``starts`` (``[E]`` bool, True where an episode begins) or call :meth:`reset` at episode
+    boundaries.
+    """
+
+    def __init__(
+        self, policy: ActorCritic, spec: EnvSpec, cfg: config_mod.TrainConfig, device: torch.device
+    ) -> None:
+        self.model = policy.eval()
+        self.spec = spec
+        self.config = cfg
+        self.device = device
+        self._states: dict[str, Tensor] | None = None
+
+    def reset(self) -> None:
+        """Forget the recurrent state (the next ``act`` starts new episodes)."""
+        self._states = None
+
+    @torch.no_grad()
+    def act(
+        self,
+        observations: dict[str, Any] | EnvStep,
+        action_mask: dict[str, Any] | None = None,
+        starts: Any = None,
+        deterministic: bool = True,
+        generator: torch.Generator | None = None,
+    ) -> dict[str, Tensor]:
+        """Actions for ``observations`` (greedy unless ``deterministic=False``).
+
+        ``observations`` may be an :class:`~mappo.envs.base.EnvStep`, whose action masks and
+        episode starts are then used as well.
+        """
+        if isinstance(observations, EnvStep):
+            step = observations
+            observations, action_mask = step.obs, step.action_mask
+            if starts is None and step.final_obs is not None:
+                starts = step.done
+        if set(observations) != set(self.spec.groups):
+            raise ValueError(
+                f"observations must have one entry per group {list(self.spec.groups)}, got "
+                f"{sorted(observations)}"
+            )
+        obs, single = {}, False
+        for name, group in self.spec.groups.items():
+            x = torch.as_tensor(
+                np.asarray(observations[name])
+                if not isinstance(observations[name], Tensor)
+                else observations[name],
+                dtype=torch.float32,
+                device=self.device,
+            )
+            if tuple(x.shape) == (group.num_agents, *group.obs_shape):
+                x, single = x.unsqueeze(0), True
+            if tuple(x.shape[1:]) != (group.num_agents, *group.obs_shape):
+                raise ValueError(
+                    f"observations for group '{name}' have shape {tuple(x.shape)}, expected "
+                    f"[num_envs, {group.num_agents}, {', '.join(map(str, group.obs_shape))}]"
+                )
+            obs[name] = x
+        E = next(iter(obs.values())).shape[0]
+        if self._states is None or next(iter(self._states.values())).shape[0] != E:
+            self._states, _ = self.model.initial_states(E, self.device)
+            starts_t = torch.ones(1, E, dtype=torch.bool, device=self.device)
+        elif starts is None:
+            starts_t = torch.zeros(1, E, dtype=torch.bool, device=self.device)
+        else:
+            starts_t = torch.as_tensor(starts, dtype=torch.bool, device=self.device).reshape(1, E)
+        actions = {}
+        for name, actor in self.model.actors.items():
+            mask = None
+            if action_mask is not None and name in action_mask:
+                mask = torch.as_tensor(action_mask[name], dtype=torch.bool, device=self.device)
+                mask = mask.reshape(1, E, *mask.shape[-2:])
+            dist, self._states[name] = actor(
+                obs[name].unsqueeze(0), self._states[name], starts_t, mask
+            )
+            a = (dist.mode() if deterministic else dist.sample(generator))[0]
+            actions[name] = a[0] if single else a
+        return actions
+
+
+def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Policy:
+    """Load the policy of a run directory (its newest checkpoint) or of a checkpoint file."""
+    path = Path(path)
+    if path.is_dir():
+        path = latest_checkpoint(path)
+    ckpt = load_checkpoint(path)
+    try:
+        cfg = config_mod.from_dict(ckpt["config"])
+        spec = spec_from_dict(ckpt["spec"])
+    except (KeyError, config_mod.ConfigError) as err:
+        raise CheckpointError(f"'{path}' has no usable config or env spec: {err}") from err
+    dev = torch.device(device)
+    with torch.random.fork_rng(devices=[]):
+        model = ActorCritic(spec, cfg.model, cfg.algo)
+    model.load_state_dict(ckpt["policy"])
+    return Policy(model.to(dev), spec, cfg, dev)
+
+
+def checkpoint_config(path: str | Path) -> tuple[config_mod.TrainConfig, Path]:
+    """The config of a run directory or checkpoint, and the checkpoint file itself."""
+    path = Path(path)
+    if path.is_dir():
+        path = latest_checkpoint(path)
+    ckpt = load_checkpoint(path)
+    return config_mod.from_dict(ckpt["config"]), path

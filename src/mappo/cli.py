@@ -1,0 +1,223 @@
+"""The ``mappo`` command: train, resume, evaluate, render, list and benchmark.
+
+Every error a user can cause (a bad config key or value, a missing file, a bad environment
+parameter) is printed as one line starting with ``mappo: error:`` and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from mappo import config as config_mod
+from mappo.envs.base import EnvError
+from mappo.trainer import CheckpointError
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse's own usage errors: one line, exit 2
+        self.exit(EXIT_USAGE, f"mappo: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _print_summary(summary: dict) -> None:
+    keys = (
+        "task",
+        "algo",
+        "seed",
+        "env_steps",
+        "wall_seconds",
+        "steps_per_second",
+        "train_episode_return",
+        "eval_return_mean",
+        "eval_return_std",
+        "run_dir",
+    )
+    print("result:")
+    for k in keys:
+        v = summary.get(k)
+        if isinstance(v, float):
+            v = f"{v:,.2f}" if k != "steps_per_second" else f"{v:,.0f}"
+        print(f"  {k:22s} {v}")
+    extra = {k: v for k, v in summary.items() if k.startswith("eval_") and k not in keys}
+    for k, v in extra.items():
+        print(f"  {k:22s} {v:.3f}" if isinstance(v, float) else f"  {k:22s} {v}")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from mappo.trainer import resume, train
+
+    if args.resume:
+        overrides = ([args.config] if args.config else []) + args.overrides
+        run = resume(args.resume, overrides)
+    else:
+        if not args.config:
+            raise config_mod.ConfigError(
+                "give a preset name or a YAML file, e.g. `mappo train mpe/simple_spread` "
+                "(`mappo list` shows the presets), or --resume RUN_DIR"
+            )
+        cfg = config_mod.load(args.config, args.overrides)
+        run = train(cfg)
+    _print_summary(run.summary)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from mappo.api import load_policy
+    from mappo.envs.registry import make
+    from mappo.trainer import evaluate
+
+    policy = load_policy(args.path, device=args.device)
+    cfg = policy.config
+    env = make(
+        cfg.env.name, num_envs=args.episodes, device=args.device, seed=args.seed, **cfg.env.kwargs
+    )
+    result = evaluate(policy.model, env, seed=args.seed, deterministic=not args.sample)
+    result = {"task": cfg.env.name, "algo": cfg.algo_name, **result}
+    if args.gif:
+        from mappo.envs.rendering import record_episode, save_gif
+
+        single = make(
+            cfg.env.name, num_envs=1, device=args.device, seed=args.seed, **cfg.env.kwargs
+        )
+        policy.reset()
+        frames = record_episode(single, lambda step: policy.act(step))
+        save_gif(frames, args.gif)
+        result["gif"] = str(args.gif)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:22s} {v:.3f}" if isinstance(v, float) else f"{k:22s} {v}")
+    return 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from mappo.envs.registry import make
+    from mappo.envs.rendering import record_episode, save_gif
+
+    kwargs = config_mod.parse_overrides(args.kwargs) if args.kwargs else {}
+    env = make(args.env, num_envs=1, seed=args.seed, **kwargs)
+    frames = record_episode(env, None, num_steps=args.steps)
+    save_gif(frames, args.gif)
+    print(f"wrote {len(frames)} frames to {args.gif}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from mappo.envs.registry import list_envs
+
+    if args.keys:
+        print(config_mod.describe_keys())
+        return 0
+    print("presets (mappo train PRESET):")
+    for name in config_mod.list_presets():
+        print(f"  {name}")
+    print("environments (env.name=...):")
+    for entry in list_envs():
+        print(f"  {entry.name:36s} {entry.description}")
+    print("  pettingzoo:<module>.<env>            any PettingZoo ParallelEnv (extra: pettingzoo)")
+    print("  gymnasium:<package>:<id>             Gymnasium multi-agent envs (extras: lbf, rware)")
+    return 0
+
+
+def cmd_bench_env(args: argparse.Namespace) -> int:
+    from mappo.bench.env import format_table, run_env_bench
+
+    rows = run_env_bench(
+        env_names=tuple(args.envs),
+        num_envs=tuple(args.num_envs),
+        seconds=args.seconds,
+        device=args.device,
+        include_pettingzoo=not args.no_pettingzoo,
+    )
+    print(json.dumps(rows) if args.json else format_table(rows))
+    return 0
+
+
+def cmd_bench_train(args: argparse.Namespace) -> int:
+    from mappo.bench.train import format_report, run_train_bench
+
+    cfg = config_mod.load(args.config, args.overrides)
+    report = run_train_bench(cfg, iterations=args.iterations, warmup=args.warmup)
+    print(json.dumps(report) if args.json else format_report(report))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="mappo", description="Multi-agent PPO: train, evaluate, render, benchmark.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    t = sub.add_parser("train", help="train a preset or YAML config, or resume a run")
+    t.add_argument("config", nargs="?", help="preset name (mpe/simple_spread) or YAML path")
+    t.add_argument("overrides", nargs="*", help="KEY=VALUE overrides, e.g. algo.epochs=5")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("eval", help="evaluate a trained run or checkpoint")
+    e.add_argument("path", help="run directory or checkpoint file")
+    e.add_argument("--episodes", type=int, default=32, help="evaluation episodes (default 32)")
+    e.add_argument("--seed", type=int, default=12345)
+    e.add_argument("--device", default="cpu")
+    e.add_argument("--sample", action="store_true", help="sample actions instead of greedy")
+    e.add_argument("--gif", type=Path, help="also render one episode to this GIF file")
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.set_defaults(func=cmd_eval)
+
+    r = sub.add_parser("render", help="render an episode of random actions to a GIF")
+    r.add_argument("env", help="environment name, e.g. mpe/simple_spread")
+    r.add_argument("kwargs", nargs="*", help="environment KEY=VALUE parameters")
+    r.add_argument("--gif", type=Path, required=True)
+    r.add_argument("--steps", type=int, default=None, help="steps (default: one episode)")
+    r.add_argument("--seed", type=int, default=0)
+    r.set_defaults(func=cmd_render)
+
+    ls = sub.add_parser("list", help="presets and environments")
+    ls.add_argument("--keys", action="store_true", help="list every config key instead")
+    ls.set_defaults(func=cmd_list)
+
+    b = sub.add_parser("bench", help="throughput benchmarks")
+    bsub = b.add_subparsers(dest="bench", required=True, parser_class=_Parser)
+    be = bsub.add_parser("env", help="environment steps per second")
+    be.add_argument("--envs", nargs="+", default=["mpe/simple_spread"])
+    be.add_argument("--num-envs", nargs="+", type=int, default=[1, 128, 1024, 4096])
+    be.add_argument("--seconds", type=float, default=2.0, help="timing per row")
+    be.add_argument("--device", default="cpu")
+    be.add_argument("--no-pettingzoo", action="store_true", help="skip the mpe2 reference row")
+    be.add_argument("--json", action="store_true")
+    be.set_defaults(func=cmd_bench_env)
+    bt = bsub.add_parser("train", help="training steps per second of a preset")
+    bt.add_argument("config", nargs="?", default="mpe/simple_spread")
+    bt.add_argument("overrides", nargs="*")
+    bt.add_argument("--iterations", type=int, default=5)
+    bt.add_argument("--warmup", type=int, default=1)
+    bt.add_argument("--json", action="store_true")
+    bt.set_defaults(func=cmd_bench_train)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (config_mod.ConfigError, EnvError, CheckpointError, FileNotFoundError) as err:
+        print(f"mappo: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(
+            "mappo: interrupted; a run continues with `mappo train --resume RUN_DIR`",
+            file=sys.stderr,
+        )
+        return 130
+    except torch.cuda.OutOfMemoryError as err:  # pragma: no cover - needs a GPU
+        print(f"mappo: error: out of GPU memory ({err}); lower env.num_envs", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

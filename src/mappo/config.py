@@ -1,0 +1,430 @@
+"""Typed, documented configuration: dataclasses, YAML presets and ``KEY=VALUE`` overrides.
+
+A run is described by one :class:`TrainConfig`. Presets live in ``mappo/configs/<task>/*.yaml``
+and are named by their path without the extension (``mpe/simple_spread``). A preset may start
+from another with ``base: <preset name>``. Overrides use dotted keys (``algo.epochs=5``) or, when
+unambiguous, the bare field name (``epochs=5``). Every key and value is checked before any work
+starts: an unknown key names the nearest valid key, a wrong type or range names the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad configuration key, value or file; the message names the field and the fix."""
+
+
+PRESET_DIR = Path(__file__).parent / "configs"
+
+
+def _meta(
+    doc: str = "",
+    choices: tuple[str, ...] | None = None,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+) -> dict[str, Any]:
+    return {"doc": doc, "choices": choices, "low": low, "high": high, "low_open": low_open}
+
+
+def _field(default: Any, doc: str, **kw: Any) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=_meta(doc, **kw))
+    return field(default=default, metadata=_meta(doc, **kw))
+
+
+@dataclass
+class EnvConfig:
+    """Which environment to train on and how many copies run in parallel."""
+
+    name: str = _field(
+        "mpe/simple_spread",
+        "Registered environment name (`mappo list`), or "
+        "`pettingzoo:<module>` / `gymnasium:<package>:<id>`.",
+    )
+    num_envs: int = _field(128, "Parallel environments in a rollout.", low=1)
+    kwargs: dict = _field({}, "Keyword arguments passed to the environment's constructor.")
+
+
+@dataclass
+class ModelConfig:
+    """Actor and critic networks (the MAPPO paper's MLP + GRU)."""
+
+    hidden_sizes: list = _field([64, 64], "Hidden layer sizes of the MLP base.")
+    activation: str = _field("relu", "Hidden activation.", choices=("relu", "tanh"))
+    feature_norm: bool = _field(True, "LayerNorm on the input features.")
+    layer_norm: bool = _field(True, "LayerNorm after each hidden layer and the recurrent layer.")
+    recurrent: str = _field(
+        "gru",
+        "Recurrent layer after the MLP ('none' = feed-forward).",
+        choices=("none", "gru", "lstm"),
+    )
+    share_params: bool = _field(True, "One set of parameters per group (True) or one per agent.")
+    agent_id: bool = _field(False, "Append the agent's one-hot index to actor and critic inputs.")
+    policy_gain: float = _field(0.01, "Orthogonal-init gain of the policy head.", low=0.0)
+
+
+@dataclass
+class AlgoConfig:
+    """The MAPPO update. MAPPO, IPPO and their recurrent forms are options of this one algorithm."""
+
+    critic_input: str = _field(
+        "state",
+        "Critic input: the global state (MAPPO), the "
+        "agent-specific state, or the agent's own observation (IPPO).",
+        choices=("state", "agent_state", "local"),
+    )
+    death_masked_critic: bool = _field(
+        False, "Dead agents' critic input is zeros plus their identity (the paper's death masking)."
+    )
+    gamma: float = _field(0.99, "Discount factor.", low=0.0, high=1.0)
+    gae_lambda: float = _field(0.95, "GAE / TD(lambda) lambda.", low=0.0, high=1.0)
+    returns: str = _field("gae", "Advantage estimator.", choices=("gae", "td_lambda"))
+    value_norm: str = _field(
+        "valuenorm", "Value target normalisation.", choices=("valuenorm", "popart", "none")
+    )
+    bootstrap_truncation: bool = _field(
+        False,
+        "Bootstrap from the final observation when an "
+        "episode is truncated by its time limit (the paper's "
+        "code does not).",
+    )
+    normalize_advantages: bool = _field(True, "Normalise advantages over alive agents.")
+    clip: float = _field(0.2, "PPO ratio clip.", low=0.0, low_open=True)
+    value_clip: float | None = _field(None, "Value-loss clip; None = same as `clip`.", low=0.0)
+    entropy_coef: float = _field(0.01, "Entropy bonus coefficient.", low=0.0)
+    value_loss: str = _field("huber", "Value loss.", choices=("huber", "mse"))
+    huber_delta: float = _field(10.0, "Huber loss delta.", low=0.0, low_open=True)
+    clip_value_loss: bool = _field(True, "Clipped value loss (max of clipped and unclipped).")
+    value_coef: float = _field(1.0, "Value loss coefficient.", low=0.0)
+    max_grad_norm: float | None = _field(
+        10.0, "Gradient-norm clip per network; None = off.", low=0.0, low_open=True
+    )
+    actor_lr: float = _field(7e-4, "Actor learning rate.", low=0.0, low_open=True)
+    critic_lr: float = _field(7e-4, "Critic learning rate.", low=0.0, low_open=True)
+    adam_eps: float = _field(1e-5, "Adam epsilon.", low=0.0, low_open=True)
+    weight_decay: float = _field(0.0, "Adam weight decay.", low=0.0)
+    lr_decay: bool = _field(False, "Linear learning-rate decay to zero over the run.")
+    epochs: int = _field(10, "PPO epochs per update.", low=1)
+    num_minibatches: int = _field(1, "Mini-batches per epoch.", low=1)
+    data_chunk_length: int = _field(10, "Recurrent training chunk length (steps).", low=1)
+    policy_active_masks: bool = _field(True, "Exclude dead agents from the policy loss.")
+    value_active_masks: bool = _field(True, "Exclude dead agents from the value loss.")
+
+
+@dataclass
+class TrainConfig:
+    """A complete training run."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    rollout_length: int = _field(25, "Steps per environment in each rollout.", low=1)
+    total_env_steps: int = _field(
+        2_000_000,
+        "Environment steps to train for (one step = every agent acts once in one env).",
+        low=1,
+    )
+    seed: int = _field(1, "Random seed (environments, initialisation, sampling).", low=0)
+    device: str = _field("cpu", "Torch device: 'cpu', 'cuda' or 'cuda:N'.")
+    threads: int = _field(0, "Torch CPU threads (0 = leave torch's default).", low=0)
+    eval_interval: int = _field(
+        25, "Evaluate every this many updates (0 = only at the end).", low=0
+    )
+    eval_episodes: int = _field(32, "Greedy evaluation episodes (one per evaluation env).", low=1)
+    log_interval: int = _field(5, "Write metrics every this many updates.", low=1)
+    checkpoint_interval: int = _field(50, "Save a checkpoint every this many updates.", low=1)
+    keep_checkpoints: int = _field(3, "How many periodic checkpoints to keep.", low=1)
+    run_dir: str = _field("runs", "Parent folder of run directories.")
+    tensorboard: bool = _field(True, "Write TensorBoard events.")
+    wandb: bool = _field(False, "Log to Weights & Biases (needs `pip install wandb`).")
+    wandb_project: str = _field("mappo", "Weights & Biases project.")
+    progress: bool = _field(True, "Show a progress bar on the console.")
+    name: str = _field(
+        "", "Algorithm label for the run directory; empty = derived (rmappo / mappo / ippo ...)."
+    )
+
+    @property
+    def algo_name(self) -> str:
+        """``rmappo``/``mappo``/``ippo``/``rippo``... derived from the options."""
+        if self.name:
+            return self.name
+        base = "ippo" if self.algo.critic_input == "local" else "mappo"
+        return ("r" + base) if self.model.recurrent != "none" else base
+
+    @property
+    def steps_per_update(self) -> int:
+        """Environment steps collected per update: ``num_envs * rollout_length``."""
+        return self.env.num_envs * self.rollout_length
+
+    @property
+    def num_updates(self) -> int:
+        return max(1, -(-self.total_env_steps // self.steps_per_update))
+
+
+# -- conversion -------------------------------------------------------------------------------
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A plain nested dict (YAML-ready) of a config dataclass."""
+    return dataclasses.asdict(cfg)
+
+
+def _leaf_keys(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:
+    out: dict[str, dataclasses.Field] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = prefix + f.name
+        if dataclasses.is_dataclass(hints[f.name]):
+            out.update(_leaf_keys(hints[f.name], key + "."))
+        else:
+            out[key] = f
+    return out
+
+
+LEAF_KEYS = _leaf_keys(TrainConfig)
+_HINTS: dict[str, Any] = {}
+for _cls in (TrainConfig, EnvConfig, ModelConfig, AlgoConfig):
+    for _name, _hint in typing.get_type_hints(_cls).items():
+        _HINTS[f"{_cls.__name__}.{_name}"] = _hint
+_SECTION_OF = {"env": EnvConfig, "model": ModelConfig, "algo": AlgoConfig}
+
+
+def _hint_of(key: str) -> Any:
+    parts = key.split(".")
+    cls = _SECTION_OF[parts[0]] if len(parts) == 2 else TrainConfig
+    return _HINTS[f"{cls.__name__}.{parts[-1]}"]
+
+
+def resolve_key(key: str) -> str:
+    """The full dotted key for ``key`` (a dotted key or an unambiguous bare field name)."""
+    if key in LEAF_KEYS:
+        return key
+    matches = [k for k in LEAF_KEYS if k.rsplit(".", 1)[-1] == key]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise ConfigError(f"config key '{key}' is ambiguous; use one of {matches}")
+    close = difflib.get_close_matches(key, list(LEAF_KEYS), n=1, cutoff=0.5)
+    if not close:
+        bare = {k.rsplit(".", 1)[-1]: k for k in LEAF_KEYS}
+        near = difflib.get_close_matches(key.rsplit(".", 1)[-1], list(bare), n=1, cutoff=0.5)
+        close = [bare[near[0]]] if near else []
+    hint = f"; did you mean '{close[0]}'?" if close else " (see `mappo list --keys`)"
+    raise ConfigError(f"unknown config key '{key}'{hint}")
+
+
+def _coerce(key: str, value: Any) -> Any:
+    """Check ``value`` against the field's type and range; return it in the field's type."""
+    hint = _hint_of(key)
+    meta = LEAF_KEYS[key].metadata
+    origin = typing.get_origin(hint)
+    optional = origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) and type(
+        None
+    ) in typing.get_args(hint)
+    if optional:
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+
+    def fail(expected: str) -> ConfigError:
+        return ConfigError(f"config field '{key}' must be {expected}, got {value!r}")
+
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise fail("true or false")
+    elif hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+                value = int(value)
+            else:
+                raise fail("an integer")
+    elif hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise fail("a number")
+        value = float(value)
+    elif hint is str:
+        if not isinstance(value, str):
+            raise fail("a string")
+    elif hint is list:
+        if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value
+        ):
+            raise fail("a list of positive integers, e.g. [64, 64]")
+    elif hint is dict:
+        if not isinstance(value, dict):
+            raise fail("a mapping, e.g. {num_agents: 3}")
+    choices = meta.get("choices")
+    if choices and value not in choices:
+        close = difflib.get_close_matches(str(value), choices, n=1)
+        hint_txt = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(
+            f"config field '{key}' must be one of {list(choices)}, got {value!r}{hint_txt}"
+        )
+    low, high = meta.get("low"), meta.get("high")
+    if low is not None and isinstance(value, (int, float)):
+        if value < low or (meta.get("low_open") and value == low):
+            rel = ">" if meta.get("low_open") else ">="
+            raise ConfigError(f"config field '{key}' must be {rel} {low}, got {value!r}")
+    if high is not None and isinstance(value, (int, float)) and value > high:
+        raise ConfigError(f"config field '{key}' must be <= {high}, got {value!r}")
+    return value
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        key = prefix + str(k)
+        if isinstance(v, dict) and key in _SECTION_OF:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def apply(cfg: TrainConfig, values: dict[str, Any]) -> TrainConfig:
+    """Set dotted keys (or unambiguous bare names) on ``cfg`` after checking them."""
+    for raw_key, value in _flatten(values).items():
+        key = resolve_key(raw_key)
+        value = _coerce(key, value)
+        target: Any = cfg
+        *path, last = key.split(".")
+        for part in path:
+            target = getattr(target, part)
+        setattr(target, last, value)
+    check(cfg)
+    return cfg
+
+
+def check(cfg: TrainConfig) -> None:
+    """Checks that involve more than one field."""
+    if cfg.algo.num_minibatches > cfg.env.num_envs * cfg.rollout_length:
+        raise ConfigError(
+            f"config field 'algo.num_minibatches' ({cfg.algo.num_minibatches}) exceeds the "
+            f"samples per update ({cfg.env.num_envs * cfg.rollout_length}); lower it"
+        )
+    if cfg.algo.death_masked_critic and cfg.algo.critic_input == "local":
+        raise ConfigError(
+            "config field 'algo.death_masked_critic' needs a centralised critic; set "
+            "algo.critic_input=state or agent_state"
+        )
+    if not (cfg.device == "cpu" or cfg.device.startswith("cuda") or cfg.device == "mps"):
+        raise ConfigError(
+            f"config field 'device' must be 'cpu', 'cuda' or 'cuda:N', got {cfg.device!r}"
+        )
+
+
+# -- presets and files ------------------------------------------------------------------------
+
+
+def list_presets() -> list[str]:
+    """Preset names, e.g. ``mpe/simple_spread``."""
+    return sorted(
+        str(p.relative_to(PRESET_DIR).with_suffix("")) for p in PRESET_DIR.rglob("*.yaml")
+    )
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read config file '{path}': {err.strerror}") from err
+    try:
+        data = yaml.safe_load(text)  # safe loader: a config never runs code
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {err}") from err
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")
+    return data
+
+
+def _preset_path(name: str) -> Path:
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.is_file():
+        close = difflib.get_close_matches(name, list_presets(), n=1, cutoff=0.4)
+        hint = f"; did you mean '{close[0]}'?" if close else " (`mappo list` shows the presets)"
+        raise ConfigError(f"no preset or config file named '{name}'{hint}")
+    return path
+
+
+def _load_layers(source: str, seen: tuple[str, ...] = ()) -> list[tuple[str, dict[str, Any]]]:
+    path = Path(source)
+    if source.endswith((".yaml", ".yml")) or path.is_file():
+        if not path.is_file():
+            raise ConfigError(f"config file '{source}' does not exist")
+    else:
+        path = _preset_path(source)
+    if str(path.resolve()) in seen:
+        raise ConfigError(f"config '{source}' includes itself through 'base'")
+    data = _read_yaml(path)
+    layers: list[tuple[str, dict[str, Any]]] = []
+    base = data.pop("base", None)
+    if base is not None:
+        if not isinstance(base, str):
+            raise ConfigError(f"'base' in '{path}' must be a preset name or a YAML path")
+        layers += _load_layers(base, seen + (str(path.resolve()),))
+    layers.append((str(path), data))
+    return layers
+
+
+def load(
+    source: str | None = None, overrides: list[str] | dict[str, Any] | None = None
+) -> TrainConfig:
+    """A config from a preset name or YAML path (or the defaults), then ``KEY=VALUE`` overrides."""
+    cfg = TrainConfig()
+    if source:
+        for where, data in _load_layers(source):
+            try:
+                apply(cfg, data)
+            except ConfigError as err:
+                raise ConfigError(f"{err} (in {where})") from None
+    if overrides:
+        apply(cfg, parse_overrides(overrides) if isinstance(overrides, list) else overrides)
+    return cfg
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["algo.epochs=5", "model.hidden_sizes=[128,128]"]`` -> dict, values parsed as YAML."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' must look like KEY=VALUE (e.g. algo.epochs=5)")
+        key, text = item.split("=", 1)
+        try:
+            value = yaml.safe_load(text) if text != "" else ""
+        except yaml.YAMLError:
+            value = text
+        out[key.strip()] = value
+    return out
+
+
+def from_dict(data: dict[str, Any]) -> TrainConfig:
+    """A config from a nested dict (e.g. a run's ``config.yaml``), checked like any other."""
+    return apply(TrainConfig(), data)
+
+
+def save(cfg: TrainConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+
+
+def describe_keys() -> str:
+    """One line per config key with its default and its documentation."""
+    defaults = _flatten(to_dict(TrainConfig()))
+    lines = []
+    for key, f in LEAF_KEYS.items():
+        doc = f.metadata.get("doc", "")
+        choices = f.metadata.get("choices")
+        extra = f" (one of {', '.join(choices)})" if choices else ""
+        lines.append(f"{key} = {defaults[key]!r}: {doc}{extra}")
+    return "\n".join(lines)

@@ -1,0 +1,135 @@
+"""Console progress, CSV (always), TensorBoard (by default) and Weights & Biases (when asked)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+
+class ProgressBar:
+    """A one-line progress display: env steps, steps/s, ETA and the latest return.
+
+    On a terminal the line is redrawn in place; otherwise (a log file, CI) a line is printed at
+    most every ``plain_every`` seconds.
+    """
+
+    def __init__(self, total: int, stream: TextIO | None = None, plain_every: float = 10.0) -> None:
+        self.total = total
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.plain_every = plain_every
+        self._last_print = -math.inf
+
+    def update(
+        self, steps: int, steps_per_second: float, latest_return: float | None, final: bool = False
+    ) -> None:
+        now = time.monotonic()
+        if not self.tty and not final and now - self._last_print < self.plain_every:
+            return
+        self._last_print = now
+        frac = min(1.0, steps / max(1, self.total))
+        width = 24
+        bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
+        eta = (self.total - steps) / steps_per_second if steps_per_second > 0 else float("nan")
+        ret = "   n/a" if latest_return is None else f"{latest_return:8.2f}"
+        line = (
+            f"[{bar}] {steps:>11,}/{self.total:,} steps  {steps_per_second:8,.0f} steps/s  "
+            f"ETA {_fmt_time(eta)}  return {ret}"
+        )
+        if self.tty:
+            self.stream.write("\r" + line + ("\n" if final else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _fmt_time(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "--:--"
+    seconds = int(seconds)
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
+
+
+class MetricsLogger:
+    """Writes one row per logged update to ``metrics.csv`` and the same scalars to TensorBoard
+    and, optionally, Weights & Biases.
+
+    On resume, rows after the checkpoint's step are dropped from the CSV (they are recomputed
+    identically) and TensorBoard purges events after that step.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        tensorboard: bool,
+        wandb_project: str | None,
+        config: dict[str, Any],
+        resume_step: int | None = None,
+    ) -> None:
+        self.path = run_dir / "metrics.csv"
+        self.columns: list[str] = []
+        self.rows: list[dict[str, Any]] = []
+        if resume_step is not None and self.path.exists():
+            with self.path.open(newline="") as f:
+                reader = csv.DictReader(f)
+                self.columns = list(reader.fieldnames or [])
+                self.rows = [r for r in reader if int(float(r["env_steps"])) <= resume_step]
+            self._rewrite()
+        self.tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step)
+        self.wandb = None
+        if wandb_project:
+            try:
+                import wandb
+            except ImportError as err:
+                raise RuntimeError(
+                    "wandb=true but Weights & Biases is not installed; `pip install wandb` or set "
+                    "wandb=false"
+                ) from err
+            self.wandb = wandb.init(
+                project=wandb_project,
+                config=config,
+                dir=str(run_dir),
+                name=run_dir.name,
+                resume="allow",
+            )
+
+    def _rewrite(self) -> None:
+        tmp = self.path.with_suffix(".csv.tmp")
+        with tmp.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(self.rows)
+        tmp.replace(self.path)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"env_steps": step, **metrics}
+        self.rows.append(row)
+        new_columns = [k for k in row if k not in self.columns]
+        if new_columns or not self.path.exists():
+            self.columns += new_columns
+            self._rewrite()
+        else:
+            with self.path.open("a", newline="") as f:
+                csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore").writerow(row)
+        if self.tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and math.isfinite(v):
+                    self.tb.add_scalar(k, v, step)
+        if self.wandb is not None:
+            self.wandb.log(row, step=step)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()

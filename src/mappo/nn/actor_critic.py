@@ -1,0 +1,207 @@
+"""Per-group actors and critics, and the container that holds them for a whole environment.
+
+Shapes: ``L`` time steps, ``*B`` batch dims (envs, or chunks), ``n`` agents of the group, ``C``
+critic copies (1 when every agent of the group would feed the critic the same input, else ``n``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from mappo.config import AlgoConfig, ModelConfig
+from mappo.envs.base import EnvSpec, EnvStep, GroupSpec
+from mappo.nn.distributions import MultiCategorical
+from mappo.nn.layers import MLP, AgentLinear, RecurrentCore
+from mappo.nn.normalizers import PopArt, ValueNorm
+
+
+class _Trunk(nn.Module):
+    """MLP base followed by an optional recurrent layer: ``[L, *B, C, in] -> [L, *B, C, H]``."""
+
+    def __init__(self, in_features: int, cfg: ModelConfig, copies: int) -> None:
+        super().__init__()
+        self.mlp = MLP(
+            in_features,
+            list(cfg.hidden_sizes),
+            cfg.activation,
+            copies,
+            cfg.feature_norm,
+            cfg.layer_norm,
+        )
+        self.out_features = self.mlp.out_features
+        self.rnn = (
+            RecurrentCore(self.out_features, cfg.recurrent, copies, cfg.layer_norm)
+            if cfg.recurrent != "none"
+            else None
+        )
+
+    @property
+    def state_size(self) -> int:
+        return self.rnn.state_size if self.rnn is not None else 0
+
+    def forward(self, x: Tensor, state: Tensor, starts: Tensor) -> tuple[Tensor, Tensor]:
+        h = self.mlp(x)
+        if self.rnn is None:
+            return h, state
+        return self.rnn(h, state, starts)
+
+
+class Actor(nn.Module):
+    """The policy of one group: observation (+ agent id) -> masked multi-head categorical."""
+
+    def __init__(self, group: GroupSpec, cfg: ModelConfig) -> None:
+        super().__init__()
+        n = group.num_agents
+        self.nvec = group.action.nvec
+        self.copies = 1 if cfg.share_params else n
+        self.agent_id = cfg.agent_id
+        in_features = math.prod(group.obs_shape) + (n if cfg.agent_id else 0)
+        self.trunk = _Trunk(in_features, cfg, self.copies)
+        self.head = AgentLinear(self.trunk.out_features, group.action.total, self.copies)
+        self.head.reset_parameters(gain=cfg.policy_gain)
+        self.register_buffer("eye", torch.eye(n), persistent=False)
+
+    @property
+    def state_size(self) -> int:
+        return self.trunk.state_size
+
+    def forward(
+        self, obs: Tensor, state: Tensor, starts: Tensor, mask: Tensor | None
+    ) -> tuple[MultiCategorical, Tensor]:
+        """``obs [L, *B, n, *obs_shape]``, ``state [*B, n, S]``, ``starts [L, *B]``,
+        ``mask [L, *B, n, sum(nvec)]`` -> distribution over ``[L, *B, n]`` and the final state."""
+        x = obs.flatten(starts.dim() + 1) if obs.dim() > starts.dim() + 2 else obs
+        if self.agent_id:
+            x = torch.cat([x, self.eye.expand(*x.shape[:-1], -1)], -1)
+        h, state = self.trunk(x, state, starts)
+        return MultiCategorical(self.head(h), self.nvec, mask), state
+
+
+class Critic(nn.Module):
+    """The value function of one group: ``[L, *B, C, in] -> normalised values [L, *B, C]``."""
+
+    def __init__(self, in_features: int, copies: int, cfg: ModelConfig, value_norm: str) -> None:
+        super().__init__()
+        self.copies = copies
+        self.in_features = in_features
+        self.trunk = _Trunk(in_features, cfg, copies)
+        self.head = AgentLinear(self.trunk.out_features, 1, copies)
+        self.head.reset_parameters(gain=1.0)
+        self.normalizer: ValueNorm | None = {
+            "valuenorm": lambda: ValueNorm(1),
+            "popart": lambda: PopArt(1),
+            "none": lambda: None,
+        }[value_norm]()
+
+    @property
+    def state_size(self) -> int:
+        return self.trunk.state_size
+
+    def forward(self, x: Tensor, state: Tensor, starts: Tensor) -> tuple[Tensor, Tensor]:
+        h, state = self.trunk(x, state, starts)
+        return self.head(h).squeeze(-1), state
+
+    def denormalize(self, v: Tensor) -> Tensor:
+        return self.normalizer.denormalize(v.unsqueeze(-1)).squeeze(-1) if self.normalizer else v
+
+    def update_normalizer(self, returns: Tensor) -> None:
+        """Feed value targets ``[...]`` to the normaliser (PopArt also rescales the head)."""
+        if isinstance(self.normalizer, PopArt):
+            self.normalizer.update(returns.reshape(-1, 1), self.head.weight, self.head.bias)
+        elif self.normalizer is not None:
+            self.normalizer.update(returns.reshape(-1, 1))
+
+    def normalize(self, returns: Tensor) -> Tensor:
+        if self.normalizer is None:
+            return returns
+        return self.normalizer.normalize(returns.unsqueeze(-1)).squeeze(-1)
+
+
+@dataclass
+class CriticInput:
+    """How a group's critic input is built from an :class:`EnvStep`."""
+
+    source: str  # "state" | "agent_state" | "local"
+    copies: int  # 1 = one value per env, shared by the group's agents; n = one per agent
+    agent_id: bool
+    death_mask: bool
+
+
+class ActorCritic(nn.Module):
+    """The actors and critics of every group of an environment."""
+
+    def __init__(self, spec: EnvSpec, model: ModelConfig, algo: AlgoConfig) -> None:
+        super().__init__()
+        self.spec = spec
+        self.actors = nn.ModuleDict()
+        self.critics = nn.ModuleDict()
+        self.critic_inputs: dict[str, CriticInput] = {}
+        for name, group in spec.groups.items():
+            n = group.num_agents
+            self.actors[name] = Actor(group, model)
+            source = algo.critic_input
+            if source == "agent_state" and group.agent_state_shape is None:
+                raise ValueError(
+                    f"group '{name}' has no agent-specific state; set algo.critic_input=state"
+                )
+            width = {
+                "state": math.prod(spec.state_shape),
+                "agent_state": math.prod(group.agent_state_shape or ()),
+                "local": math.prod(group.obs_shape),
+            }[source]
+            agent_id = model.agent_id or algo.death_masked_critic
+            # With the global state as input, shared parameters and nothing agent-specific, every
+            # agent's critic sees the same input and returns the same value: compute it once per
+            # env. The loss against each agent's target is unchanged (the value is broadcast).
+            per_env = source == "state" and model.share_params and not agent_id
+            copies = 1 if per_env else n
+            self.critic_inputs[name] = CriticInput(
+                source, copies, agent_id, algo.death_masked_critic
+            )
+            self.critics[name] = Critic(
+                width + (n if agent_id else 0),
+                1 if model.share_params else copies,
+                model,
+                algo.value_norm,
+            )
+            self.register_buffer(f"eye_{name}", torch.eye(n), persistent=False)
+
+    def critic_input(self, name: str, step: EnvStep, final: bool = False) -> Tensor:
+        """The critic input ``[*B, C, in]`` of group ``name`` at ``step`` (``final``: the
+        pre-reset observation the last episode ended on)."""
+        ci = self.critic_inputs[name]
+        group = self.spec.groups[name]
+        if ci.source == "state":
+            x = (step.final_state if final else step.state).flatten(1).unsqueeze(1)
+            if ci.copies > 1:
+                x = x.expand(-1, ci.copies, -1)
+        elif ci.source == "agent_state":
+            x = (step.final_agent_state if final else step.agent_state)[name]
+            x = x.flatten(2)
+        else:
+            obs = (step.final_obs if final else step.obs)[name]
+            x = obs.flatten(2)
+        if ci.death_mask:
+            x = x * step.alive[name].unsqueeze(-1).to(x.dtype)
+        if ci.agent_id:
+            eye = getattr(self, f"eye_{name}")
+            x = torch.cat([x, eye.expand(x.shape[0], group.num_agents, -1)], -1)
+        return x
+
+    def initial_states(
+        self, batch: int, device: torch.device
+    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """Zero recurrent states ``[batch, n, S]`` (actors) and ``[batch, C, S]`` (critics)."""
+        actor = {
+            name: torch.zeros(batch, self.spec.groups[name].num_agents, a.state_size, device=device)
+            for name, a in self.actors.items()
+        }
+        critic = {
+            name: torch.zeros(batch, self.critic_inputs[name].copies, c.state_size, device=device)
+            for name, c in self.critics.items()
+        }
+        return actor, critic

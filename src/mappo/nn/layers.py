@@ -1,0 +1,161 @@
+"""Layers whose parameters are shared by a group's agents or held once per agent.
+
+Every layer here maps ``[..., C, in]`` to ``[..., C, out]`` where ``C`` is the agent axis. With
+``copies == 1`` one set of parameters serves every agent (parameter sharing, the MAPPO paper's
+default); with ``copies == C`` agent ``i`` uses its own set, and all agents are still computed in
+one batched matrix multiply rather than a Python loop over agents.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class AgentLinear(nn.Module):
+    """``y[..., c, :] = x[..., c, :] @ W[c] + b[c]``; ``W`` is ``[copies, in, out]``."""
+
+    def __init__(self, in_features: int, out_features: int, copies: int = 1) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.copies = in_features, out_features, copies
+        self.weight = nn.Parameter(torch.empty(copies, in_features, out_features))
+        self.bias = nn.Parameter(torch.zeros(copies, out_features))
+        self.reset_parameters(gain=1.0)
+
+    def reset_parameters(self, gain: float) -> None:
+        """Orthogonal weights with ``gain`` and zero bias (the MAPPO paper's initialisation)."""
+        with torch.no_grad():
+            for w in self.weight:
+                # nn.init.orthogonal_ works on [out, in]; transposing keeps the rows orthogonal
+                # in the same sense as for nn.Linear.
+                nn.init.orthogonal_(w.T, gain=gain)
+            self.bias.zero_()
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.copies == 1:
+            return F.linear(x, self.weight[0].T, self.bias[0])
+        # [..., C, in] -> [C, M, in] @ [C, in, out] -> [..., C, out]
+        lead = x.shape[:-2]
+        xc = x.reshape(-1, self.copies, self.in_features).transpose(0, 1)
+        y = torch.baddbmm(self.bias.unsqueeze(1), xc, self.weight)
+        return y.transpose(0, 1).reshape(*lead, self.copies, self.out_features)
+
+
+class AgentLayerNorm(nn.Module):
+    """LayerNorm over the last axis with per-copy affine parameters ``[copies, features]``."""
+
+    def __init__(self, features: int, copies: int = 1) -> None:
+        super().__init__()
+        self.features = features
+        self.weight = nn.Parameter(torch.ones(copies, features))
+        self.bias = nn.Parameter(torch.zeros(copies, features))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.weight.shape[0] == 1:
+            return F.layer_norm(x, (self.features,), self.weight[0], self.bias[0])
+        return F.layer_norm(x, (self.features,)) * self.weight + self.bias
+
+
+def _activation(name: str) -> nn.Module:
+    return {"relu": nn.ReLU(), "tanh": nn.Tanh()}[name]
+
+
+def init_gain(activation: str) -> float:
+    """The orthogonal-init gain for hidden layers: sqrt(2) for ReLU, 5/3 for Tanh."""
+    return nn.init.calculate_gain(activation)
+
+
+class MLP(nn.Module):
+    """Input LayerNorm (the paper's feature normalisation), then ``Linear -> act -> LayerNorm``
+    per hidden layer, as the MAPPO paper's ``MLPBase``. ``[..., C, in] -> [..., C, hidden[-1]]``."""
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_sizes: list[int],
+        activation: str,
+        copies: int,
+        feature_norm: bool,
+        layer_norm: bool,
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        if feature_norm:
+            layers.append(AgentLayerNorm(in_features, copies))
+        gain = init_gain(activation)
+        size = in_features
+        for hidden in hidden_sizes:
+            linear = AgentLinear(size, hidden, copies)
+            linear.reset_parameters(gain)
+            layers += [linear, _activation(activation)]
+            if layer_norm:
+                layers.append(AgentLayerNorm(hidden, copies))
+            size = hidden
+        self.net = nn.Sequential(*layers)
+        self.out_features = size
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class RecurrentCore(nn.Module):
+    """A GRU (the paper) or LSTM layer whose hidden state resets where an episode starts.
+
+    The hidden state is a flat ``[..., C, state_size]`` tensor (``state_size`` = H for a GRU, 2H
+    for an LSTM: ``[h, c]``), so storage and chunking treat both kinds alike. The input projection
+    of a whole sequence is one matrix multiply; only the recurrence loops over time.
+    A LayerNorm follows the output, as in the paper's ``RNNLayer``.
+    """
+
+    def __init__(self, size: int, kind: str, copies: int, layer_norm: bool) -> None:
+        super().__init__()
+        if kind not in ("gru", "lstm"):
+            raise ValueError(f"unknown recurrent kind '{kind}', expected 'gru' or 'lstm'")
+        self.kind, self.size = kind, size
+        gates = 3 if kind == "gru" else 4
+        self.input_proj = AgentLinear(size, gates * size, copies)
+        self.hidden_proj = AgentLinear(size, gates * size, copies)
+        for layer in (self.input_proj, self.hidden_proj):
+            layer.reset_parameters(gain=1.0)
+        self.norm = AgentLayerNorm(size, copies) if layer_norm else nn.Identity()
+
+    @property
+    def state_size(self) -> int:
+        return self.size if self.kind == "gru" else 2 * self.size
+
+    def forward(self, x: Tensor, state: Tensor, starts: Tensor) -> tuple[Tensor, Tensor]:
+        """Run a sequence.
+
+        Args:
+            x: ``[L, *B, C, H]`` inputs (``L`` time steps).
+            state: ``[*B, C, state_size]`` hidden state before the first step.
+            starts: ``[L, *B]`` bool/float, 1 where an episode starts at that step (the state is
+                zeroed before it is used).
+        Returns:
+            ``([L, *B, C, H]`` outputs, ``[*B, C, state_size]`` final state).
+        """
+        keep = (1.0 - starts.to(x.dtype)).unsqueeze(-1).unsqueeze(-1)  # [L, *B, 1, 1]
+        projected = self.input_proj(x)
+        outputs = []
+        for t in range(x.shape[0]):
+            state = state * keep[t]
+            out, state = self._cell(projected[t], state)
+            outputs.append(out)
+        return self.norm(torch.stack(outputs)), state
+
+    def _cell(self, gx: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        if self.kind == "gru":
+            gh = self.hidden_proj(state)
+            xr, xz, xn = gx.chunk(3, -1)
+            hr, hz, hn = gh.chunk(3, -1)
+            r = torch.sigmoid(xr + hr)
+            z = torch.sigmoid(xz + hz)
+            n = torch.tanh(xn + r * hn)
+            h = n + z * (state - n)
+            return h, h
+        h, c = state.chunk(2, -1)
+        i, f, g, o = (gx + self.hidden_proj(h)).chunk(4, -1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        return h, torch.cat([h, c], -1)

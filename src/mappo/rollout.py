@@ -1,0 +1,204 @@
+"""Preallocated rollout storage and the collection loop.
+
+Storage is time-major, per group: ``[T, E, n, ...]`` for agent tensors, ``[T, E, C, ...]`` for
+critic tensors (``C`` = 1 when the critic's value is shared by a group's agents), ``[T, E]`` for
+per-env flags. Everything stays on the env's device; nothing is copied to the host per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from mappo.envs.base import BatchedEnv, EnvStep
+from mappo.nn.actor_critic import ActorCritic
+
+
+@dataclass
+class GroupBuffer:
+    """One group's rollout: ``T`` steps of ``E`` envs."""
+
+    obs: Tensor  # [T, E, n, *obs_shape]
+    critic_x: Tensor  # [T, E, C, in]
+    actor_state: Tensor  # [T, E, n, S_a]  recurrent state *before* step t (pre-reset)
+    critic_state: Tensor  # [T, E, C, S_c]
+    actions: Tensor  # [T, E, n, k] int64
+    log_probs: Tensor  # [T, E, n]
+    values: Tensor  # [T + 1, E, C] normalised critic outputs
+    rewards: Tensor  # [T, E, n]
+    alive: Tensor  # [T, E, n] bool: the agent acted at step t
+    action_mask: Tensor | None  # [T, E, n, A] bool
+    final_values: Tensor | None  # [T, E, C] normalised V(final obs) for truncation bootstrap
+
+
+@dataclass
+class Rollout:
+    groups: dict[str, GroupBuffer]
+    starts: Tensor  # [T, E] bool: an episode starts at step t (recurrent state reset)
+    terminated: Tensor  # [T, E] bool: the episode ended in a terminal state after step t
+    truncated: Tensor  # [T, E] bool: the episode hit its time limit after step t
+
+
+@dataclass
+class EpisodeTracker:
+    """Running per-env episode returns and the sums of finished episodes (tensors, no sync)."""
+
+    returns: Tensor  # [E] per-agent return of the running episode (mean over all agents)
+    lengths: Tensor  # [E]
+    finished: Tensor  # [] count of finished episodes since the last read
+    return_sum: Tensor  # []
+    length_sum: Tensor  # []
+    stat_sums: dict[str, Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def create(
+        cls, num_envs: int, stat_names: tuple[str, ...], device: torch.device
+    ) -> EpisodeTracker:
+        z = torch.zeros((), device=device)
+        return cls(
+            torch.zeros(num_envs, device=device),
+            torch.zeros(num_envs, device=device),
+            z.clone(),
+            z.clone(),
+            z.clone(),
+            {s: z.clone() for s in stat_names},
+        )
+
+    def record(self, step: EnvStep) -> None:
+        rewards = torch.cat([r for r in step.reward.values()], dim=1)  # [E, all agents]
+        self.returns += rewards.mean(1)
+        self.lengths += 1
+        done = step.done.to(self.returns.dtype)
+        self.finished += done.sum()
+        self.return_sum += (self.returns * done).sum()
+        self.length_sum += (self.lengths * done).sum()
+        for name, value in step.stats.items():
+            if name in self.stat_sums:
+                self.stat_sums[name] += (value * done).sum()
+        self.returns *= 1.0 - done
+        self.lengths *= 1.0 - done
+
+    def read(self) -> dict[str, float]:
+        """Means over the episodes finished since the last read (empty if none); resets sums."""
+        count = float(self.finished)
+        out: dict[str, float] = {}
+        if count > 0:
+            out["episode_return"] = float(self.return_sum) / count
+            out["episode_length"] = float(self.length_sum) / count
+            for name, total in self.stat_sums.items():
+                out[name] = float(total) / count
+        out["episodes"] = count
+        for t in (self.finished, self.return_sum, self.length_sum, *self.stat_sums.values()):
+            t.zero_()
+        return out
+
+
+def allocate(policy: ActorCritic, env: BatchedEnv, length: int, bootstrap: bool) -> Rollout:
+    """Preallocate a rollout of ``length`` steps for ``env`` and ``policy``."""
+    E, dev = env.num_envs, env.device
+    spec = env.spec
+    groups: dict[str, GroupBuffer] = {}
+    for name, group in spec.groups.items():
+        n = group.num_agents
+        actor, critic = policy.actors[name], policy.critics[name]
+        c = policy.critic_inputs[name].copies
+        groups[name] = GroupBuffer(
+            obs=torch.zeros(length, E, n, *group.obs_shape, device=dev),
+            critic_x=torch.zeros(length, E, c, critic.in_features, device=dev),
+            actor_state=torch.zeros(length, E, n, actor.state_size, device=dev),
+            critic_state=torch.zeros(length, E, c, critic.state_size, device=dev),
+            actions=torch.zeros(
+                length, E, n, group.action.num_heads, dtype=torch.int64, device=dev
+            ),
+            log_probs=torch.zeros(length, E, n, device=dev),
+            values=torch.zeros(length + 1, E, c, device=dev),
+            rewards=torch.zeros(length, E, n, device=dev),
+            alive=torch.zeros(length, E, n, dtype=torch.bool, device=dev),
+            action_mask=(
+                torch.zeros(length, E, n, group.action.total, dtype=torch.bool, device=dev)
+                if group.has_action_mask
+                else None
+            ),
+            final_values=torch.zeros(length, E, c, device=dev) if bootstrap else None,
+        )
+    flags = [torch.zeros(length, E, dtype=torch.bool, device=dev) for _ in range(3)]
+    return Rollout(groups, *flags)
+
+
+@dataclass
+class Collector:
+    """Steps an env with a policy and fills a :class:`Rollout`; keeps the state between calls.
+
+    ``step`` is the last :class:`EnvStep` (what the agents act on next); ``actor_states`` /
+    ``critic_states`` the recurrent states after the last step (pre-reset); ``starts`` marks
+    envs whose next step begins an episode.
+    """
+
+    env: BatchedEnv
+    policy: ActorCritic
+    rollout: Rollout
+    generator: torch.Generator
+    step: EnvStep
+    actor_states: dict[str, Tensor]
+    critic_states: dict[str, Tensor]
+    starts: Tensor
+    tracker: EpisodeTracker
+    bootstrap: bool = False
+
+    @torch.no_grad()
+    def collect(self) -> Rollout:
+        """Fill the rollout with ``T`` steps and the bootstrap values after the last one."""
+        ro, policy = self.rollout, self.policy
+        T = ro.starts.shape[0]
+        for t in range(T):
+            ro.starts[t] = self.starts
+            starts = self.starts.unsqueeze(0)
+            actions: dict[str, Tensor] = {}
+            for name, buf in ro.groups.items():
+                obs = self.step.obs[name]
+                mask = self.step.action_mask.get(name)
+                buf.obs[t] = obs
+                buf.alive[t] = self.step.alive[name]
+                if buf.action_mask is not None:
+                    buf.action_mask[t] = mask
+                buf.actor_state[t] = self.actor_states[name]
+                dist, self.actor_states[name] = policy.actors[name](
+                    obs.unsqueeze(0),
+                    self.actor_states[name],
+                    starts,
+                    None if mask is None else mask.unsqueeze(0),
+                )
+                action = dist.sample(self.generator)
+                buf.actions[t] = action[0]
+                buf.log_probs[t] = dist.log_prob(action)[0]
+                actions[name] = action[0]
+                x = policy.critic_input(name, self.step)
+                buf.critic_x[t] = x
+                buf.critic_state[t] = self.critic_states[name]
+                value, self.critic_states[name] = policy.critics[name](
+                    x.unsqueeze(0), self.critic_states[name], starts
+                )
+                buf.values[t] = value[0]
+            self.step = self.env.step(actions)
+            self.tracker.record(self.step)
+            for name, buf in ro.groups.items():
+                buf.rewards[t] = self.step.reward[name]
+                if self.bootstrap and buf.final_values is not None:
+                    # V(final observation) with the recurrent state that would have continued
+                    # the episode; only used where the env was truncated.
+                    x = policy.critic_input(name, self.step, final=True)
+                    value, _ = policy.critics[name](
+                        x.unsqueeze(0), self.critic_states[name], torch.zeros_like(starts)
+                    )
+                    buf.final_values[t] = value[0]
+            ro.terminated[t] = self.step.terminated
+            ro.truncated[t] = self.step.truncated
+            self.starts = self.step.done
+        starts = self.starts.unsqueeze(0)
+        for name, buf in ro.groups.items():
+            x = policy.critic_input(name, self.step)
+            value, _ = policy.critics[name](x.unsqueeze(0), self.critic_states[name], starts)
+            buf.values[T] = value[0]
+        return ro
