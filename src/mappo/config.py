@@ -249,6 +249,12 @@ def _coerce(key: str, value: Any) -> Any:
             else:
                 raise fail("an integer")
     elif hint is float:
+        if isinstance(value, str):
+            # YAML 1.1 reads "1e-3" (no dot) as a string; accept any float literal.
+            try:
+                value = float(value)
+            except ValueError:
+                raise fail("a number") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise fail("a number")
         value = float(value)

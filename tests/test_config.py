@@ -1,0 +1,102 @@
+"""Config: presets, overrides, and the errors a user sees for bad keys and values."""
+
+from __future__ import annotations
+
+import pytest
+
+from mappo import config as C
+
+
+def test_every_preset_loads_and_validates() -> None:
+    presets = C.list_presets()
+    assert "mpe/simple_spread" in presets and "mpe/simple_spread_fast" in presets
+    for name in presets:
+        cfg = C.load(name)
+        assert cfg.env.name and cfg.total_env_steps > 0
+
+
+def test_paper_settings_of_spread_preset() -> None:
+    cfg = C.load("mpe/simple_spread")
+    assert (cfg.env.num_envs, cfg.rollout_length) == (128, 25)
+    assert (cfg.algo.epochs, cfg.algo.num_minibatches) == (10, 1)
+    assert cfg.model.activation == "tanh" and cfg.model.recurrent == "gru"
+    assert cfg.algo.value_loss == "huber" and cfg.algo.huber_delta == 10.0
+    assert cfg.algo_name == "rmappo"
+    assert C.load("mpe/simple_spread_mappo").algo_name == "mappo"
+    assert C.load("mpe/simple_spread_ippo").algo_name == "rippo"
+
+
+def test_overrides_dotted_and_bare() -> None:
+    cfg = C.load("mpe/simple_spread", ["algo.epochs=3", "actor_lr=1e-3", "hidden_sizes=[32,32]"])
+    assert cfg.algo.epochs == 3
+    assert cfg.algo.actor_lr == pytest.approx(1e-3)
+    assert cfg.model.hidden_sizes == [32, 32]
+    cfg = C.load(None, {"env": {"name": "mpe/simple_reference"}, "seed": 3})
+    assert cfg.env.name == "mpe/simple_reference" and cfg.seed == 3
+
+
+def test_unknown_key_names_nearest_valid_key() -> None:
+    with pytest.raises(C.ConfigError, match="unknown config key 'algo.epoch'.*'algo.epochs'"):
+        C.load("mpe/simple_spread", ["algo.epoch=3"])
+    with pytest.raises(C.ConfigError, match="did you mean 'algo.entropy_coef'"):
+        C.load(None, ["entropy_coeff=0.1"])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algo.epochs=two", "'algo.epochs' must be an integer"),
+        ("algo.epochs=0", "'algo.epochs' must be >= 1"),
+        ("algo.gamma=1.5", "'algo.gamma' must be <= 1"),
+        ("algo.clip=0", "'algo.clip' must be > 0"),
+        ("model.activation=gelu", "'model.activation' must be one of"),
+        ("model.hidden_sizes=64", "'model.hidden_sizes' must be a list"),
+        ("model.share_params=maybe", "'model.share_params' must be true or false"),
+        ("algo.critic_input=global", "'algo.critic_input' must be one of"),
+        ("device=tpu", "'device' must be 'cpu', 'cuda'"),
+        ("algo.num_minibatches=100000", "exceeds the samples per update"),
+        ("epochs", "must look like KEY=VALUE"),
+    ],
+)
+def test_bad_values_name_the_field(override: str, message: str) -> None:
+    with pytest.raises(C.ConfigError, match=message):
+        C.load("mpe/simple_spread", [override])
+
+
+def test_yaml_file_with_base(tmp_path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text("base: mpe/simple_spread\nalgo:\n  epochs: 4\nseed: 7\n")
+    cfg = C.load(str(path))
+    assert cfg.algo.epochs == 4 and cfg.seed == 7 and cfg.env.num_envs == 128
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("algo:\n  epochs: 4\n  clip_eps: 0.3\n")
+    with pytest.raises(C.ConfigError, match=r"unknown config key 'algo.clip_eps'.*bad.yaml"):
+        C.load(str(bad))
+
+
+def test_missing_file_and_preset() -> None:
+    with pytest.raises(C.ConfigError, match="does not exist"):
+        C.load("nowhere/missing.yaml")
+    with pytest.raises(C.ConfigError, match="did you mean 'mpe/simple_spread'"):
+        C.load("mpe/simple_sprad")
+
+
+def test_yaml_never_runs_code(tmp_path) -> None:
+    path = tmp_path / "evil.yaml"
+    path.write_text("seed: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(C.ConfigError, match="not valid YAML"):
+        C.load(str(path))
+
+
+def test_saved_config_round_trips(tmp_path) -> None:
+    cfg = C.load("mpe/simple_reference", ["seed=5"])
+    C.save(cfg, tmp_path / "config.yaml")
+    again = C.load(str(tmp_path / "config.yaml"))
+    assert C.to_dict(again) == C.to_dict(cfg)
+
+
+def test_describe_keys_documents_every_field() -> None:
+    lines = C.describe_keys().splitlines()
+    for key in C.LEAF_KEYS:
+        assert sum(line.startswith(f"{key} = ") for line in lines) == 1
+    assert all(f.metadata["doc"] for f in C.LEAF_KEYS.values())

@@ -1,0 +1,152 @@
+"""Layers and actor-critic networks: batched per-agent parameters, init, recurrent chunks."""
+
+from __future__ import annotations
+
+import torch
+
+from mappo.config import AlgoConfig, ModelConfig
+from mappo.envs.base import ActionSpec, EnvSpec, GroupSpec
+from mappo.nn.actor_critic import ActorCritic
+from mappo.nn.layers import MLP, AgentLayerNorm, AgentLinear, RecurrentCore
+
+
+def test_per_agent_linear_equals_a_loop_over_agents() -> None:
+    torch.manual_seed(0)
+    layer = AgentLinear(5, 7, copies=3)
+    x = torch.randn(4, 6, 3, 5)
+    y = layer(x)
+    for c in range(3):
+        expected = x[..., c, :] @ layer.weight[c] + layer.bias[c]
+        torch.testing.assert_close(y[..., c, :], expected)
+
+
+def test_shared_linear_is_one_linear_map() -> None:
+    torch.manual_seed(0)
+    layer = AgentLinear(5, 7, copies=1)
+    x = torch.randn(4, 3, 5)
+    torch.testing.assert_close(layer(x), x @ layer.weight[0] + layer.bias[0])
+
+
+def test_orthogonal_init_with_gain() -> None:
+    layer = AgentLinear(64, 64, copies=2)
+    layer.reset_parameters(gain=0.01)
+    for w in layer.weight:
+        torch.testing.assert_close(w.T @ w, 1e-4 * torch.eye(64), atol=1e-6, rtol=0)
+    assert torch.all(layer.bias == 0)
+
+
+def test_agent_layer_norm_per_copy_affine() -> None:
+    norm = AgentLayerNorm(4, copies=2)
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor([[1.0] * 4, [2.0] * 4]))
+    x = torch.randn(3, 2, 4)
+    y = norm(x)
+    base = torch.nn.functional.layer_norm(x, (4,))
+    torch.testing.assert_close(y[:, 0], base[:, 0])
+    torch.testing.assert_close(y[:, 1], 2 * base[:, 1])
+
+
+def test_mlp_structure_matches_the_paper() -> None:
+    mlp = MLP(10, [64, 64], "tanh", copies=1, feature_norm=True, layer_norm=True)
+    kinds = [type(m).__name__ for m in mlp.net]
+    assert kinds == ["AgentLayerNorm", "AgentLinear", "Tanh", "AgentLayerNorm",
+                     "AgentLinear", "Tanh", "AgentLayerNorm"]
+
+
+def _gru_reference(core: RecurrentCore, x, h, starts):
+    """Step-by-step GRU with torch's GRUCell maths, one time step and one agent at a time."""
+    cell = torch.nn.GRUCell(core.size, core.size)
+    outs = []
+    for t in range(x.shape[0]):
+        h = h * (1 - starts[t].float())[..., None, None]
+        per_agent = []
+        for c in range(x.shape[-2]):
+            w = c if core.input_proj.copies > 1 else 0
+            with torch.no_grad():
+                cell.weight_ih.copy_(core.input_proj.weight[w].T)
+                cell.bias_ih.copy_(core.input_proj.bias[w])
+                cell.weight_hh.copy_(core.hidden_proj.weight[w].T)
+                cell.bias_hh.copy_(core.hidden_proj.bias[w])
+            per_agent.append(cell(x[t, :, c], h[:, c]))
+        h = torch.stack(per_agent, 1)
+        outs.append(h)
+    return core.norm(torch.stack(outs)), h
+
+
+def test_gru_matches_torch_gru_cell_with_resets() -> None:
+    torch.manual_seed(0)
+    for copies in (1, 3):
+        core = RecurrentCore(8, "gru", copies=copies, layer_norm=True)
+        x = torch.randn(6, 5, 3, 8)
+        h0 = torch.randn(5, 3, 8)
+        starts = torch.rand(6, 5) < 0.3
+        out, h = core(x, h0, starts)
+        ref_out, ref_h = _gru_reference(core, x, h0, starts)
+        torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(h, ref_h, atol=1e-5, rtol=1e-5)
+
+
+def test_lstm_state_resets_where_episodes_start() -> None:
+    torch.manual_seed(0)
+    core = RecurrentCore(4, "lstm", copies=1, layer_norm=False)
+    x = torch.randn(3, 2, 1, 4)
+    starts = torch.tensor([[True, True], [False, True], [False, False]])
+    out_a, _ = core(x, torch.randn(2, 1, 8), starts)
+    out_b, _ = core(x, torch.randn(2, 1, 8), starts)
+    # Both envs start an episode at t = 0, so the initial state never matters.
+    torch.testing.assert_close(out_a, out_b)
+    # Env 1 restarts at t = 1: its outputs from t = 1 equal a fresh run on x[1:].
+    fresh, _ = core(x[1:, 1:], torch.zeros(1, 1, 8), torch.tensor([[True], [False]]))
+    torch.testing.assert_close(out_a[1:, 1:], fresh)
+
+
+def _spec(n: int = 3) -> EnvSpec:
+    group = GroupSpec(tuple(f"a{i}" for i in range(n)), (6,), ActionSpec((5,)), True)
+    return EnvSpec({"agents": group}, (6 * n,), 10)
+
+
+def test_chunked_forward_equals_step_by_step() -> None:
+    """Training on a chunk from a stored state reproduces the rollout's step-by-step outputs."""
+    torch.manual_seed(0)
+    policy = ActorCritic(_spec(), ModelConfig(recurrent="gru"), AlgoConfig())
+    actor = policy.actors["agents"]
+    T, E = 10, 4
+    obs = torch.randn(T, E, 3, 6)
+    starts = torch.zeros(T, E, dtype=torch.bool)
+    starts[0] = True
+    starts[4, 1] = True
+    state = torch.zeros(E, 3, actor.state_size)
+    step_logits, stored = [], []
+    for t in range(T):
+        stored.append(state)
+        dist, state = actor(obs[t : t + 1], state, starts[t : t + 1], None)
+        step_logits.append(dist.log_prob(torch.zeros(1, E, 3, 1, dtype=torch.long)))
+    # A chunk of 5 steps starting at t = 5 from the stored state.
+    dist, _ = actor(obs[5:], stored[5], starts[5:], None)
+    chunk = dist.log_prob(torch.zeros(5, E, 3, 1, dtype=torch.long))
+    torch.testing.assert_close(chunk, torch.cat(step_logits[5:]), atol=1e-6, rtol=1e-5)
+
+
+def test_masked_actor_gives_zero_probability_and_no_gradient() -> None:
+    torch.manual_seed(0)
+    policy = ActorCritic(_spec(), ModelConfig(recurrent="none"), AlgoConfig())
+    actor = policy.actors["agents"]
+    obs = torch.randn(1, 8, 3, 6)
+    mask = torch.ones(1, 8, 3, 5, dtype=torch.bool)
+    mask[..., 2] = False
+    dist, _ = actor(obs, torch.zeros(8, 3, 0), torch.zeros(1, 8, dtype=torch.bool), mask)
+    assert torch.all(dist.probs[..., 2] == 0)
+    samples = dist.sample(torch.Generator().manual_seed(0))
+    assert not torch.any(samples == 2)
+
+
+def test_shared_critic_on_global_state_runs_once_per_env() -> None:
+    spec = _spec()
+    shared = ActorCritic(spec, ModelConfig(), AlgoConfig(critic_input="state"))
+    assert shared.critic_inputs["agents"].copies == 1
+    per_agent = ActorCritic(spec, ModelConfig(agent_id=True), AlgoConfig(critic_input="state"))
+    assert per_agent.critic_inputs["agents"].copies == 3
+    local = ActorCritic(spec, ModelConfig(), AlgoConfig(critic_input="local"))
+    assert local.critic_inputs["agents"].copies == 3
+    separate = ActorCritic(spec, ModelConfig(share_params=False), AlgoConfig())
+    assert separate.critics["agents"].head.weight.shape[0] == 3
