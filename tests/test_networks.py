@@ -49,8 +49,15 @@ def test_agent_layer_norm_per_copy_affine() -> None:
 def test_mlp_structure_matches_the_paper() -> None:
     mlp = MLP(10, [64, 64], "tanh", copies=1, feature_norm=True, layer_norm=True)
     kinds = [type(m).__name__ for m in mlp.net]
-    assert kinds == ["AgentLayerNorm", "AgentLinear", "Tanh", "AgentLayerNorm",
-                     "AgentLinear", "Tanh", "AgentLayerNorm"]
+    assert kinds == [
+        "AgentLayerNorm",
+        "AgentLinear",
+        "Tanh",
+        "AgentLayerNorm",
+        "AgentLinear",
+        "Tanh",
+        "AgentLayerNorm",
+    ]
 
 
 def _gru_reference(core: RecurrentCore, x, h, starts):

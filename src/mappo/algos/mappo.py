@@ -83,13 +83,15 @@ class GroupSamples:
     returns: Tensor  # [L, M, n] de-normalised value targets
     actor_state: Tensor  # [M, n, S] stored recurrent state at each chunk start
     critic_state: Tensor  # [M, C, S]
+    actor_inject: Tensor | None  # [L, M, n, S] state to restore where a chunk enters a new env
+    critic_inject: Tensor | None  # [L, M, C, S]
 
 
 @dataclass
 class Samples:
     groups: dict[str, GroupSamples]
-    starts: Tensor  # [L, M]
-    valid: Tensor  # [L, M] float: 0 on padding added to make T a multiple of L
+    starts: Tensor  # [L, M] bool: the recurrent state is reset before this step
+    valid: Tensor  # [L, M] float: 0 on the padding that makes E * T a multiple of L
     padded: bool
 
 
@@ -116,29 +118,29 @@ def compute_returns(
 
 
 def _chunk(x: Tensor, length: int) -> Tensor:
-    """``[T', E, ...] -> [L, (T'/L) * E, ...]``: consecutive ``L``-step pieces of each env."""
+    """``[T, E, ...] -> [L, M, ...]``: the rollout flattened env-major (each env's steps in
+    order, one env after another) and cut into ``L``-step chunks; the tail is zero-padded to a
+    multiple of ``L``. Chunks may cross from one env into the next: :func:`make_samples` marks
+    those boundaries so that the recurrent state is replaced there, as at an episode start."""
     T, E = x.shape[:2]
-    x = x.reshape(T // length, length, E, *x.shape[2:]).transpose(0, 1)
-    return x.reshape(length, (T // length) * E, *x.shape[3:])
-
-
-def _pad_time(x: Tensor, padded_length: int) -> Tensor:
-    if x.shape[0] == padded_length:
-        return x
-    pad = x.new_zeros(padded_length - x.shape[0], *x.shape[1:])
-    return torch.cat([x, pad])
+    flat = x.transpose(0, 1).reshape(T * E, *x.shape[2:])
+    pad = -(T * E) % length
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad, *flat.shape[1:])])
+    return flat.reshape(flat.shape[0] // length, length, *flat.shape[1:]).transpose(0, 1)
 
 
 def make_samples(policy: ActorCritic, ro: Rollout, cfg: AlgoConfig, recurrent: bool) -> Samples:
     """Returns, advantage normalisation and chunking: the one place the rollout is flattened.
 
     Recurrent networks train on chunks of ``data_chunk_length`` steps that start from the stored
-    recurrent state; the time axis is zero-padded to a multiple of the chunk length and the
-    padding is masked out of every loss. Feed-forward networks use chunks of one step.
+    recurrent state (the MAPPO paper's chunked recurrent training); where a chunk crosses into
+    the next env, the state is reset there, to zeros at an episode start and to that env's stored
+    state otherwise. Feed-forward networks use chunks of one step.
     """
     T, E = ro.starts.shape
     L = cfg.data_chunk_length if recurrent else 1
-    Tp = -(-T // L) * L
+    dev = ro.starts.device
     returns = compute_returns(policy, ro, cfg)
 
     if cfg.normalize_advantages:
@@ -149,29 +151,43 @@ def make_samples(policy: ActorCritic, ro: Rollout, cfg: AlgoConfig, recurrent: b
         mean = (adv_all * alive_all).sum() / count
         std = (((adv_all - mean) * alive_all).square().sum() / count).sqrt()
 
-    def prep(x: Tensor) -> Tensor:
-        return _chunk(_pad_time(x, Tp), L)
+    starts = _chunk(ro.starts, L)
+    first_step = torch.zeros(T, E, dtype=torch.bool, device=dev)
+    first_step[0] = True
+    inject = _chunk(first_step, L) & ~starts
+    inject[0] = False  # a chunk's first step already starts from the stored state
+    # One host check per update: on aligned episodes (the particle world) nothing is injected.
+    needs_inject = recurrent and bool(inject.any())
+
+    def injected(stored: Tensor) -> Tensor | None:
+        if not needs_inject:
+            return None
+        return stored * inject.reshape(*inject.shape, 1, 1).to(stored.dtype)
 
     groups = {}
     for name, buf in ro.groups.items():
         adv, ret = returns[name]
         if cfg.normalize_advantages:
             adv = (adv - mean) / (std + 1e-5)
+        actor_state = _chunk(buf.actor_state, L)
+        critic_state = _chunk(buf.critic_state, L)
         groups[name] = GroupSamples(
-            obs=prep(buf.obs),
-            actions=prep(buf.actions),
-            log_probs=prep(buf.log_probs),
-            advantages=prep(adv),
-            alive=prep(buf.alive.to(adv.dtype)),
-            action_mask=None if buf.action_mask is None else prep(buf.action_mask),
-            critic_x=prep(buf.critic_x),
-            values=prep(buf.values[:-1]),
-            returns=prep(ret),
-            actor_state=prep(buf.actor_state)[0],
-            critic_state=prep(buf.critic_state)[0],
+            obs=_chunk(buf.obs, L),
+            actions=_chunk(buf.actions, L),
+            log_probs=_chunk(buf.log_probs, L),
+            advantages=_chunk(adv, L),
+            alive=_chunk(buf.alive.to(adv.dtype), L),
+            action_mask=None if buf.action_mask is None else _chunk(buf.action_mask, L),
+            critic_x=_chunk(buf.critic_x, L),
+            values=_chunk(buf.values[:-1], L),
+            returns=_chunk(ret, L),
+            actor_state=actor_state[0],
+            critic_state=critic_state[0],
+            actor_inject=injected(actor_state),
+            critic_inject=injected(critic_state),
         )
-    valid = prep(torch.ones(T, E, device=ro.starts.device))
-    return Samples(groups, prep(ro.starts), valid, padded=Tp != T)
+    valid = _chunk(torch.ones(T, E, device=dev), L)
+    return Samples(groups, starts | inject, valid, padded=(T * E) % L != 0)
 
 
 # -- the update -------------------------------------------------------------------------------
@@ -231,8 +247,14 @@ def update(
     critic_params = {g: [p for p in c.parameters()] for g, c in policy.critics.items()}
 
     for _ in range(cfg.epochs):
-        order = torch.randperm(M, generator=generator).to(samples.starts.device)
-        for idx in order.chunk(cfg.num_minibatches):
+        if cfg.num_minibatches == 1:
+            # One full batch: its gradient does not depend on the order, so skip the shuffle
+            # and the copies that indexing would make.
+            batches_of_epoch: list[Tensor | None] = [None]
+        else:
+            order = torch.randperm(M, generator=generator).to(samples.starts.device)
+            batches_of_epoch = list(order.chunk(cfg.num_minibatches))
+        for idx in batches_of_epoch:
             terms = _minibatch_loss(policy, samples, idx, cfg)
             optimizers.actor.zero_grad(set_to_none=True)
             optimizers.critic.zero_grad(set_to_none=True)
@@ -249,44 +271,52 @@ def update(
 
 
 def _minibatch_loss(
-    policy: ActorCritic, samples: Samples, idx: Tensor, cfg: AlgoConfig
+    policy: ActorCritic, samples: Samples, idx: Tensor | None, cfg: AlgoConfig
 ) -> dict[str, Tensor]:
-    starts = samples.starts[:, idx]
-    valid = samples.valid[:, idx]
+    """Loss terms of the chunks ``idx`` (all chunks when ``None``, without copying them)."""
+
+    def take(x: Tensor) -> Tensor:
+        return x if idx is None else x[:, idx]
+
+    def take_first(x: Tensor) -> Tensor:
+        return x if idx is None else x[idx]
+
+    starts = take(samples.starts)
+    valid = take(samples.valid)
     terms: dict[str, Tensor] = {}
     actor_loss = torch.zeros((), device=starts.device)
     critic_loss = torch.zeros((), device=starts.device)
     for name, s in samples.groups.items():
-        alive = s.alive[:, idx]  # [L, m, n]; also 0 on padding
-        mask = None if s.action_mask is None else s.action_mask[:, idx]
-        dist, _ = policy.actors[name](s.obs[:, idx], s.actor_state[idx], starts, mask)
-        log_probs = dist.log_prob(s.actions[:, idx])
-        surrogate, ratio = policy_loss(
-            log_probs, s.log_probs[:, idx], s.advantages[:, idx], cfg.clip
-        )
+        alive = take(s.alive)  # [L, m, n]; also 0 on padding
+        mask = None if s.action_mask is None else take(s.action_mask)
+        inject = None if s.actor_inject is None else take(s.actor_inject)
+        dist, _ = policy.actors[name](take(s.obs), take_first(s.actor_state), starts, mask, inject)
+        log_probs = dist.log_prob(take(s.actions))
+        old_log_probs = take(s.log_probs)
+        surrogate, ratio = policy_loss(log_probs, old_log_probs, take(s.advantages), cfg.clip)
         p_mask = alive if cfg.policy_active_masks else valid.unsqueeze(-1)
         pg = masked_mean(surrogate, p_mask)
         entropy = masked_mean(dist.entropy(), p_mask)
 
         critic = policy.critics[name]
-        returns = s.returns[:, idx]  # [L, m, n]
+        returns = take(s.returns)  # [L, m, n]
         # ValueNorm/PopArt statistics are updated with every mini-batch's targets before they
         # are normalised, as in the paper's code; padding is left out of the statistics. PopArt
         # rescales the value head in place, so this comes before the critic's forward pass.
         critic.update_normalizer(returns[valid.bool()] if samples.padded else returns)
         targets = critic.normalize(returns)
-        values, _ = critic(s.critic_x[:, idx], s.critic_state[idx], starts)  # [L, m, C]
+        inject = None if s.critic_inject is None else take(s.critic_inject)
+        values, _ = critic(take(s.critic_x), take_first(s.critic_state), starts, inject)
         n = returns.shape[-1]
-        v_loss_all = value_loss(
-            values.expand(-1, -1, n), s.values[:, idx].expand(-1, -1, n), targets, cfg
-        )
+        old_values = take(s.values).expand(-1, -1, n)
+        v_loss_all = value_loss(values.expand(-1, -1, n), old_values, targets, cfg)
         v_mask = alive if cfg.value_active_masks else valid.unsqueeze(-1)
         v_loss = masked_mean(v_loss_all, v_mask)
 
         actor_loss = actor_loss + pg - cfg.entropy_coef * entropy
         critic_loss = critic_loss + cfg.value_coef * v_loss
         with torch.no_grad():
-            log_ratio = log_probs - s.log_probs[:, idx]
+            log_ratio = log_probs - old_log_probs
             terms[f"{name}/policy_loss"] = pg
             terms[f"{name}/value_loss"] = v_loss
             terms[f"{name}/entropy"] = entropy

@@ -43,11 +43,13 @@ class _Trunk(nn.Module):
     def state_size(self) -> int:
         return self.rnn.state_size if self.rnn is not None else 0
 
-    def forward(self, x: Tensor, state: Tensor, starts: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, x: Tensor, state: Tensor, starts: Tensor, inject: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         h = self.mlp(x)
         if self.rnn is None:
             return h, state
-        return self.rnn(h, state, starts)
+        return self.rnn(h, state, starts, inject)
 
 
 class Actor(nn.Module):
@@ -70,14 +72,21 @@ class Actor(nn.Module):
         return self.trunk.state_size
 
     def forward(
-        self, obs: Tensor, state: Tensor, starts: Tensor, mask: Tensor | None
+        self,
+        obs: Tensor,
+        state: Tensor,
+        starts: Tensor,
+        mask: Tensor | None,
+        inject: Tensor | None = None,
     ) -> tuple[MultiCategorical, Tensor]:
         """``obs [L, *B, n, *obs_shape]``, ``state [*B, n, S]``, ``starts [L, *B]``,
-        ``mask [L, *B, n, sum(nvec)]`` -> distribution over ``[L, *B, n]`` and the final state."""
+        ``mask [L, *B, n, sum(nvec)]`` -> distribution over ``[L, *B, n]`` and the final state.
+        ``inject [L, *B, n, S]`` is added to the state after the reset at ``starts`` (see
+        :class:`~mappo.nn.layers.RecurrentCore`)."""
         x = obs.flatten(starts.dim() + 1) if obs.dim() > starts.dim() + 2 else obs
         if self.agent_id:
             x = torch.cat([x, self.eye.expand(*x.shape[:-1], -1)], -1)
-        h, state = self.trunk(x, state, starts)
+        h, state = self.trunk(x, state, starts, inject)
         return MultiCategorical(self.head(h), self.nvec, mask), state
 
 
@@ -101,8 +110,10 @@ class Critic(nn.Module):
     def state_size(self) -> int:
         return self.trunk.state_size
 
-    def forward(self, x: Tensor, state: Tensor, starts: Tensor) -> tuple[Tensor, Tensor]:
-        h, state = self.trunk(x, state, starts)
+    def forward(
+        self, x: Tensor, state: Tensor, starts: Tensor, inject: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        h, state = self.trunk(x, state, starts, inject)
         return self.head(h).squeeze(-1), state
 
     def denormalize(self, v: Tensor) -> Tensor:

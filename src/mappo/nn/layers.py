@@ -124,7 +124,9 @@ class RecurrentCore(nn.Module):
     def state_size(self) -> int:
         return self.size if self.kind == "gru" else 2 * self.size
 
-    def forward(self, x: Tensor, state: Tensor, starts: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, x: Tensor, state: Tensor, starts: Tensor, inject: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Run a sequence.
 
         Args:
@@ -132,14 +134,21 @@ class RecurrentCore(nn.Module):
             state: ``[*B, C, state_size]`` hidden state before the first step.
             starts: ``[L, *B]`` bool/float, 1 where an episode starts at that step (the state is
                 zeroed before it is used).
+            inject: optional ``[L, *B, C, state_size]`` added to the state after that reset,
+                to restore a stored state mid-sequence (zeros elsewhere).
         Returns:
             ``([L, *B, C, H]`` outputs, ``[*B, C, state_size]`` final state).
         """
         keep = (1.0 - starts.to(x.dtype)).unsqueeze(-1).unsqueeze(-1)  # [L, *B, 1, 1]
-        projected = self.input_proj(x)
+        # unbind (not projected[t]): its backward is one stack, where indexing would zero-fill
+        # a full-size gradient buffer for every time step.
+        projected = self.input_proj(x).unbind(0)
         outputs = []
-        for t in range(x.shape[0]):
-            state = state * keep[t]
+        injected = inject.unbind(0) if inject is not None else None
+        for t, keep_t in enumerate(keep.unbind(0)):
+            state = state * keep_t
+            if injected is not None:
+                state = state + injected[t]
             out, state = self._cell(projected[t], state)
             outputs.append(out)
         return self.norm(torch.stack(outputs)), state

@@ -1,0 +1,293 @@
+"""The trainer end to end: every variant on every particle scenario, learning, exact resume."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import mappo
+from mappo import config as C
+from mappo.algos.mappo import make_samples
+from mappo.trainer import Trainer, latest_checkpoint, load_checkpoint, resume, train
+
+sys.path.insert(0, str(Path(__file__).parent))
+from toy_env import register_toy  # noqa: E402
+
+register_toy()
+
+TINY = {
+    "env.num_envs": 8,
+    "rollout_length": 25,
+    "total_env_steps": 8 * 25 * 3,
+    "algo.epochs": 2,
+    "eval_episodes": 4,
+    "eval_interval": 2,
+    "log_interval": 1,
+    "progress": False,
+}
+
+SCENARIOS = ["mpe/simple_spread", "mpe/simple_speaker_listener", "mpe/simple_reference"]
+VARIANTS = ["", "_mappo", "_ippo"]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_variant_on_every_scenario_writes_its_run_dir(tmp_path, scenario, variant):
+    run = train(scenario + variant, {**TINY, "run_dir": str(tmp_path)})
+    d = run.dir
+    algo = {"": "rmappo", "_mappo": "mappo", "_ippo": "rippo"}[variant]
+    assert d.parent == tmp_path / scenario / algo
+    assert d.name.endswith("_seed1")
+    assert C.load(str(d / "config.yaml")).env.name == scenario
+    rows = list(csv.DictReader((d / "metrics.csv").open()))
+    assert len(rows) == 3 and rows[-1]["env_steps"] == str(8 * 25 * 3)
+    assert any(f.name.startswith("events") for f in (d / "tensorboard").iterdir())
+    summary = json.loads((d / "summary.json").read_text())
+    for key in ("eval_return_mean", "env_steps", "wall_seconds", "steps_per_second"):
+        assert key in summary
+    assert summary["env_steps"] == 600
+    assert latest_checkpoint(d).name == "iter_00000003.pt"
+    # Losses and diagnostics are logged for each group.
+    group = next(iter(run.policy.actors))
+    for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"):
+        assert f"loss/{group}/{k}" in rows[-1]
+
+
+def _collected(overrides: dict) -> Trainer:
+    cfg = C.load(None, {**TINY, **overrides})
+    trainer = Trainer(cfg)
+    trainer.collector.collect()
+    return trainer
+
+
+@pytest.mark.parametrize("chunk", [5, 10, 13])
+def test_chunked_training_forward_reproduces_the_rollout(chunk):
+    """The first forward pass of an update, on chunks starting from stored recurrent states (also
+    across env boundaries and episodes that end mid-chunk), gives the rollout's own log-probs and
+    values."""
+    trainer = _collected(
+        {
+            "env.name": "toy/match",
+            "env.kwargs": {"terminate_early": True, "masks": True, "deaths": True},
+            "rollout_length": 13,
+            "algo.data_chunk_length": chunk,
+            "model.recurrent": "gru",
+            "algo.critic_input": "local",
+        }
+    )
+    policy, cfg = trainer.policy, trainer.cfg
+    samples = make_samples(policy, trainer.collector.rollout, cfg.algo, recurrent=True)
+    s = samples.groups["agents"]
+    dist, _ = policy.actors["agents"](
+        s.obs, s.actor_state, samples.starts, s.action_mask, s.actor_inject
+    )
+    valid = samples.valid.bool()
+    torch.testing.assert_close(
+        dist.log_prob(s.actions)[valid], s.log_probs[valid], atol=1e-5, rtol=1e-5
+    )
+    values, _ = policy.critics["agents"](
+        s.critic_x, s.critic_state, samples.starts, s.critic_inject
+    )
+    torch.testing.assert_close(values[valid], s.values[valid], atol=1e-5, rtol=1e-5)
+
+
+def test_masks_and_deaths_reach_the_loss():
+    trainer = _collected(
+        {
+            "env.name": "toy/match",
+            "env.kwargs": {"masks": True, "deaths": True, "two_heads": True},
+            "rollout_length": 6,
+        }
+    )
+    buf = trainer.collector.rollout.groups["agents"]
+    # The last agent dies after step 2: it is inactive from then on and only took action 0.
+    alive = buf.alive[:, :, -1]
+    assert alive[:2].all() and not alive[2:].any()
+    assert torch.all(buf.actions[2:, :, -1, 0] == 0)
+    # The always-masked action is never sampled.
+    assert not torch.any(buf.actions[..., 0] == 3)
+
+
+def test_short_spread_run_improves_its_return(tmp_path):
+    run = train(
+        "mpe/simple_spread_mappo",
+        {
+            "env.num_envs": 64,
+            "total_env_steps": 64 * 25 * 40,
+            "algo.epochs": 5,
+            "actor_lr": 2e-3,
+            "critic_lr": 2e-3,
+            "log_interval": 1,
+            "eval_interval": 40,
+            "progress": False,
+            "run_dir": str(tmp_path),
+            "tensorboard": False,
+        },
+    )
+    rows = list(csv.DictReader((run.dir / "metrics.csv").open()))
+    returns = [float(r["train/episode_return"]) for r in rows]
+    first, last = sum(returns[:3]) / 3, sum(returns[-3:]) / 3
+    assert last > first + 15, (first, last)
+
+
+def test_learns_the_toy_task_with_every_option(tmp_path):
+    run = train(
+        C.load(
+            None,
+            {
+                **TINY,
+                "env.name": "toy/match",
+                "total_env_steps": 8 * 25 * 40,
+                "env.kwargs": {"masks": True, "deaths": True, "two_heads": True},
+                "algo.critic_input": "agent_state",
+                "algo.death_masked_critic": True,
+                "algo.value_norm": "popart",
+                "algo.bootstrap_truncation": True,
+                "algo.returns": "td_lambda",
+                "algo.lr_decay": True,
+                "algo.num_minibatches": 2,
+                "model.share_params": False,
+                "model.recurrent": "lstm",
+                "model.agent_id": True,
+                "run_dir": str(tmp_path),
+                "eval_interval": 40,
+                "algo.epochs": 4,
+            },
+        )
+    )
+    # Episodes of 6 steps; the second agent is alive for the first 2: a perfect policy scores
+    # 6 + 2 = 8 per agent, a uniformly random one (3 allowed actions) 8 / 3.
+    assert run.summary["eval_return_mean"] >= 7.0
+
+
+def _params(policy) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in policy.state_dict().items()}
+
+
+RESUME = {
+    **TINY,
+    "total_env_steps": 8 * 25 * 6,
+    "checkpoint_interval": 2,
+    "algo.epochs": 3,
+    "algo.num_minibatches": 2,
+    "eval_interval": 3,
+    "algo.lr_decay": True,
+}
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    full = train("mpe/simple_spread", {**RESUME, "run_dir": str(tmp_path / "a")})
+    part = train("mpe/simple_spread", {**RESUME, "run_dir": str(tmp_path / "b")})
+    # Simulate a run stopped after its second checkpoint (iteration 4): drop the later one.
+    ckpts = sorted((part.dir / "checkpoints").glob("iter_*.pt"))
+    for p in ckpts:
+        if p.name > "iter_00000004.pt":
+            p.unlink()
+    resumed = resume(part.dir)
+    a, b = _params(full.policy), _params(resumed.policy)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+    assert resumed.summary["env_steps"] == full.summary["env_steps"]
+    assert resumed.summary["eval_return_mean"] == full.summary["eval_return_mean"]
+    rows_a = list(csv.DictReader((full.dir / "metrics.csv").open()))
+    rows_b = list(csv.DictReader((resumed.dir / "metrics.csv").open()))
+    assert [r["env_steps"] for r in rows_a] == [r["env_steps"] for r in rows_b]
+    assert [r["train/episode_return"] for r in rows_a] == [
+        r["train/episode_return"] for r in rows_b
+    ]
+
+
+def test_killed_run_resumes_to_the_same_parameters(tmp_path):
+    """kill -9 at an arbitrary moment after the first checkpoint, then resume from the CLI."""
+    overrides = [
+        f"{k}={json.dumps(v) if not isinstance(v, str) else v}"
+        for k, v in {**RESUME, "total_env_steps": 8 * 25 * 8}.items()
+    ]
+    ref = train(
+        "mpe/simple_spread", C.parse_overrides(overrides) | {"run_dir": str(tmp_path / "a")}
+    )
+    run_dir = tmp_path / "b"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "mappo.cli",
+        "train",
+        "mpe/simple_spread",
+        *overrides,
+        f"run_dir={run_dir}",
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(run_dir.rglob("iter_00000002.pt")):
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    (d,) = [p.parent.parent for p in run_dir.rglob("checkpoints/iter_*.pt")][:1]
+    done = subprocess.run(
+        [sys.executable, "-m", "mappo.cli", "train", "--resume", str(d)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    final = load_checkpoint(latest_checkpoint(d))
+    assert final["iteration"] == 8
+    for k, v in _params(ref.policy).items():
+        torch.testing.assert_close(final["policy"][k], v, rtol=0, atol=0)
+
+
+def test_load_policy_acts_outside_training(tmp_path):
+    run = train("mpe/simple_reference", {**TINY, "run_dir": str(tmp_path)})
+    policy = mappo.load_policy(run.dir)
+    env = mappo.envs.make("mpe/simple_reference", num_envs=3, seed=0)
+    step = env.reset()
+    actions = policy.act(step.obs)
+    assert actions["agents"].shape == (3, 2, 2)
+    step = env.step(actions)
+    actions = policy.act(step)  # an EnvStep works too, carrying episode starts
+    single = policy.act({"agents": step.obs["agents"][0].numpy()})
+    assert single["agents"].shape == (2, 2)
+    with pytest.raises(ValueError, match="group 'agents' have shape"):
+        policy.act({"agents": torch.zeros(3, 2, 7)})
+    # Greedy actions match the trained model's mode.
+    dist, _ = run.policy.actors["agents"](
+        step.obs["agents"].unsqueeze(0),
+        torch.zeros(3, 2, run.policy.actors["agents"].state_size),
+        torch.ones(1, 3, dtype=torch.bool),
+        None,
+    )
+    policy.reset()
+    torch.testing.assert_close(policy.act(step.obs)["agents"], dist.mode()[0])
+
+
+def test_checkpoint_loads_without_running_code(tmp_path):
+    evil = tmp_path / "evil.pt"
+    import pickle
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("echo pwned > " + str(tmp_path / "pwned"),))
+
+    evil.write_bytes(pickle.dumps({"format": 1, "x": Boom()}))
+    with pytest.raises(mappo.trainer.CheckpointError, match="not a readable mappo checkpoint"):
+        load_checkpoint(evil)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_train_does_not_touch_global_rng(tmp_path):
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    train("mpe/simple_spread", {**TINY, "run_dir": str(tmp_path), "total_env_steps": 200})
+    assert torch.equal(before, torch.get_rng_state())
