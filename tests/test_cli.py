@@ -1,0 +1,158 @@
+"""The ``mappo`` command: its successful paths and every user error (exit 2, one line)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mappo.cli import main
+
+TINY = [
+    "env.num_envs=4",
+    "total_env_steps=300",
+    "eval_episodes=2",
+    "progress=false",
+    "algo.epochs=1",
+]
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    assert main(["train", "mpe/simple_spread", *TINY, f"run_dir={root}"]) == 0
+    (run,) = list(root.glob("mpe/simple_spread/rmappo/*"))
+    return run
+
+
+def test_train_prints_its_result(trained, capsys):
+    summary = json.loads((trained / "summary.json").read_text())
+    assert summary["env_steps"] == 300 and "eval_return_mean" in summary
+
+
+def test_eval_with_gif(trained, tmp_path, capsys):
+    gif = tmp_path / "episode.gif"
+    code, out, _ = _run(
+        capsys, "eval", str(trained), "--episodes", "3", "--gif", str(gif), "--json"
+    )
+    assert code == 0
+    result = json.loads(out)
+    assert result["eval_episodes"] == 3 and "eval_occupied_landmarks" in result
+    assert gif.stat().st_size > 1000
+
+
+def test_eval_a_checkpoint_file(trained, capsys):
+    ckpt = sorted((trained / "checkpoints").glob("*.pt"))[-1]
+    code, out, _ = _run(capsys, "eval", str(ckpt), "--episodes", "2")
+    assert code == 0 and "eval_return_mean" in out
+
+
+def test_list_shows_presets_envs_and_keys(capsys):
+    code, out, _ = _run(capsys, "list")
+    assert code == 0
+    assert "mpe/simple_spread_fast" in out and "mpe/simple_reference" in out
+    code, out, _ = _run(capsys, "list", "--keys")
+    assert "algo.clip = 0.2" in out
+
+
+def test_bench_train_json(capsys):
+    code, out, _ = _run(
+        capsys,
+        "bench",
+        "train",
+        "mpe/simple_spread",
+        "env.num_envs=4",
+        "--iterations",
+        "1",
+        "--json",
+    )
+    assert code == 0
+    report = json.loads(out)
+    assert report["steps_per_second"] > 0 and report["matmul_flop_rate"] > 0
+    assert report["update_flops_per_iteration"] > 0
+
+
+def test_render_random_episode(tmp_path, capsys):
+    gif = tmp_path / "spread.gif"
+    code, out, _ = _run(capsys, "render", "mpe/simple_spread", "--gif", str(gif), "--steps", "5")
+    assert code == 0 and gif.exists()
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["train", "mpe/simple_spread", "algo.epoch=3"], "did you mean 'algo.epochs'"),
+        (["train", "mpe/simple_spread", "algo.epochs=many"], "'algo.epochs' must be an integer"),
+        (["train", "mpe/simple_spread", "algo.gamma=2"], "'algo.gamma' must be <= 1"),
+        (["train", "missing.yaml"], "does not exist"),
+        (["train", "mpe/simple_sprd"], "did you mean 'mpe/simple_spread'"),
+        (["train"], "give a preset name or a YAML file"),
+        (["train", "mpe/simple_spread", "env.name=mpe/nope"], "unknown environment 'mpe/nope'"),
+        (["train", "mpe/simple_spread", "env.kwargs={num_agents: 0}"], "num_agents"),
+        (["train", "mpe/simple_spread", "env.kwargs={bogus: 1}"], "bogus"),
+        (["train", "--resume", "no/such/run"], "does not exist"),
+        (["eval", "no/such/run"], "does not exist"),
+        (["train", "mpe/simple_spread", "device=cuda:0"], None),
+        (["bench", "frobnicate"], "invalid choice"),
+        (["eval"], "required"),
+    ],
+)
+def test_user_errors_exit_2_with_one_line(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    if argv[-1] == "device=cuda:0":
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")  # the error path exists only without a GPU
+        message = "no CUDA device is available"
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    _, err = capsys.readouterr()
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mappo: error:"), err
+    assert message in lines[0]
+    assert "Traceback" not in err
+    assert not (tmp_path / "runs").exists()  # nothing was started
+
+
+def test_bad_resume_leaves_the_run_untouched(trained, capsys, tmp_path):
+    before = _digest(trained)
+    code, _, err = _run(capsys, "train", "--resume", str(trained), "algo.epochs=0")
+    assert code == 2 and "'algo.epochs' must be >= 1" in err
+    assert _digest(trained) == before
+
+
+def test_corrupt_checkpoint_is_reported_and_left_alone(trained, capsys, tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint at all")
+    code, _, err = _run(capsys, "eval", str(bad))
+    assert code == 2 and "not a readable mappo checkpoint" in err
+    assert bad.read_bytes() == b"not a checkpoint at all"
+
+
+def test_console_script_is_installed():
+    out = subprocess.run(
+        [sys.executable, "-m", "mappo.cli", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and "train" in out.stdout
