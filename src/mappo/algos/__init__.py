@@ -1,0 +1,1 @@
+"""The MAPPO algorithm: advantages and returns (pure functions) and the PPO update."""

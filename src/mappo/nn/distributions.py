@@ -1,0 +1,168 @@
+"""Masked categorical distributions with one or several independent heads.
+
+A discrete action space with heads ``nvec = (n_1, ..., n_k)`` (``Discrete(5)`` is ``(5,)``, the
+particle world's move + message is ``(5, 10)``) is parameterised by flat logits
+``[..., sum(nvec)]``: head ``h`` owns the slice ``[offset_h, offset_h + n_h)``. An action is one
+integer per head, ``[..., k]`` int64, and the joint distribution is the product of the heads, so
+log-probabilities and entropies are sums over heads.
+
+Internally the logits are laid out as ``[..., k, M]`` with ``M = max(nvec)``: a view when there is
+one head or all heads have the same size, a single gather (plus padding with the most negative
+float) otherwise. Every operation is then one batched op over all heads, with no Python loop and
+no split/concatenate in the hot path.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+
+@functools.lru_cache(maxsize=64)
+def _padded_layout(nvec: tuple[int, ...], device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """Index tensors for heads of different sizes, built once per ``(nvec, device)``.
+
+    Returns ``(gather_index [k * M], pad_valid [k, M], flat_valid [sum(nvec)])``:
+    ``gather_index`` maps each slot of the padded ``[k, M]`` layout to a position of the flat
+    logits (padding slots point at position 0 and are overwritten); ``pad_valid`` is True on real
+    actions; ``flat_valid`` lists the padded slots of the real actions in flat order. Caching keeps
+    host-to-device copies out of the per-step path.
+    """
+    width = max(nvec)
+    gather, valid, flat = [], [], []
+    offset = 0
+    for h, n in enumerate(nvec):
+        gather += [offset + i if i < n else 0 for i in range(width)]
+        valid += [i < n for i in range(width)]
+        flat += [h * width + i for i in range(n)]
+        offset += n
+    return (
+        torch.tensor(gather, dtype=torch.int64, device=device),
+        torch.tensor(valid, dtype=torch.bool, device=device).view(len(nvec), width),
+        torch.tensor(flat, dtype=torch.int64, device=device),
+    )
+
+
+class MultiCategorical:
+    """Independent categorical heads over flat logits, with optional action masks.
+
+    Args:
+        logits: ``[..., sum(nvec)]`` float, unnormalised log-probabilities.
+        nvec: head sizes, e.g. ``(5,)`` or ``(5, 10)``.
+        mask: optional ``[..., sum(nvec)]`` bool, ``True`` = allowed.
+
+    Masked actions get probability exactly zero and receive no gradient: their logits are
+    replaced by the most negative finite float (``torch.where``, so the gradient into them is
+    zero) before a per-head log-softmax. Entropy counts masked actions as ``0 * log 0 = 0`` and
+    stays finite, with finite gradients.
+
+    A head whose actions are all masked is not an error in the hot path (checking it would need a
+    device-to-host sync): such a head behaves as uniform over all of its actions, and ``mode``
+    returns its action 0. Call :meth:`validate` (e.g. in tests or a debug run) to raise a
+    ``ValueError`` instead.
+    """
+
+    def __init__(self, logits: Tensor, nvec: tuple[int, ...], mask: Tensor | None = None) -> None:
+        nvec = tuple(int(n) for n in nvec)
+        total = sum(nvec)
+        if not nvec or min(nvec) < 1:
+            raise ValueError(f"nvec must be a non-empty tuple of positive head sizes, got {nvec}")
+        if logits.shape[-1:] != (total,):
+            raise ValueError(
+                f"logits have shape {tuple(logits.shape)}, expected [..., {total}] "
+                f"(the sum of the head sizes {nvec})"
+            )
+        if mask is not None and mask.shape != logits.shape:
+            raise ValueError(
+                f"mask has shape {tuple(mask.shape)}, expected the logits' shape "
+                f"{tuple(logits.shape)} (bool, True = allowed)"
+            )
+        self.nvec = nvec
+        self.batch_shape = logits.shape[:-1]
+        self._mask = mask
+        k, width = len(nvec), max(nvec)
+        fill = torch.finfo(logits.dtype).min
+        if mask is not None:
+            logits = torch.where(mask, logits, fill)
+        self._flat_valid: Tensor | None = None
+        if width * k == total:
+            # One head, or heads of equal size: the padded layout is a view (a reshape).
+            self._logits = logits.reshape(*self.batch_shape, k, width)
+        else:
+            gather, pad_valid, self._flat_valid = _padded_layout(nvec, logits.device)
+            padded = logits.index_select(-1, gather).view(*self.batch_shape, k, width)
+            self._logits = torch.where(pad_valid, padded, fill)
+
+    @functools.cached_property
+    def _logp(self) -> Tensor:
+        """``[..., k, M]`` per-head log-probabilities; masked and padding slots ~ ``finfo.min``."""
+        # log_softmax spelled out: on the CPU torch's fused kernel is slow over the tiny last dim
+        # of an action head (measured ~3x slower, forward and backward, at 12k rows x 5 actions).
+        # The max is detached: the result does not depend on the shift, so the gradient is exact.
+        z = self._logits
+        y = z - z.detach().amax(-1, keepdim=True)
+        return y - y.exp().sum(-1, keepdim=True).log()
+
+    @property
+    def probs(self) -> Tensor:
+        """``[..., sum(nvec)]`` per-head probabilities (each head's slice sums to 1)."""
+        p = self._logp.exp().flatten(-2)
+        if self._flat_valid is not None:
+            p = p.index_select(-1, self._flat_valid)
+        return p
+
+    def sample(self, generator: torch.Generator | None = None) -> Tensor:
+        """``[..., k]`` int64 actions drawn with the Gumbel-max trick.
+
+        ``argmax(logits + g)`` per head, ``g = -log(-log u)``, ``u ~ U[tiny, 1)`` drawn from
+        ``generator`` only (torch's global RNG when ``None``). Clamping ``u`` away from 0 keeps
+        ``g`` finite, so an allowed action can never lose to a masked one (logit ``finfo.min``).
+        """
+        z = self._logits
+        u = torch.rand(z.shape, generator=generator, dtype=z.dtype, device=z.device)
+        gumbel = u.clamp_(min=torch.finfo(z.dtype).tiny).log_().neg_().log_().neg_()
+        # max(-1).indices: same first-maximum rule as argmax, ~1.5x faster on tiny CPU rows.
+        return (z.detach() + gumbel).max(-1).indices
+
+    def mode(self) -> Tensor:
+        """``[..., k]`` int64 greedy actions (the most probable allowed action of each head)."""
+        return self._logits.detach().max(-1).indices
+
+    def log_prob(self, actions: Tensor) -> Tensor:
+        """``[...]`` joint log-probability (sum over heads) of ``actions`` ``[..., k]`` int64.
+
+        For a single head, ``actions`` may also be ``[...]``.
+        """
+        if len(self.nvec) == 1 and actions.shape == self.batch_shape:
+            actions = actions.unsqueeze(-1)
+        if actions.shape != (*self.batch_shape, len(self.nvec)):
+            raise ValueError(
+                f"actions have shape {tuple(actions.shape)}, expected "
+                f"{(*self.batch_shape, len(self.nvec))} (batch..., heads)"
+            )
+        return self._logp.gather(-1, actions.unsqueeze(-1)).squeeze(-1).sum(-1)
+
+    def entropy(self) -> Tensor:
+        """``[...]`` joint entropy in nats (sum over heads); masked actions contribute 0."""
+        logp = self._logp
+        # Masked slots have p = 0 and log p ~ finfo.min: 0 * finfo.min is 0 in the forward pass,
+        # but its gradient overflows to inf once an upstream gradient exceeds 1 (and inf * 0 is
+        # nan). Clamping log p at -1e4 changes nothing else: exp(-1e4) is exactly 0 in every
+        # float dtype, so any clamped slot has p = 0 and contributes 0 with zero gradient anyway.
+        return -(logp.exp() * logp.clamp(min=-1e4)).flatten(-2).sum(-1)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` if some head has every action masked (syncs with the device)."""
+        if self._mask is None:
+            return
+        heads = self._mask.split(self.nvec, dim=-1)
+        empty = ~torch.stack([h.any(-1) for h in heads], dim=-1)
+        if bool(empty.any()):
+            idx = tuple(int(i) for i in empty.nonzero()[0])
+            raise ValueError(
+                f"action mask forbids every action of head {idx[-1]} (size "
+                f"{self.nvec[idx[-1]]}) at batch index {idx[:-1]}; every head needs at least one "
+                "allowed action"
+            )
