@@ -149,9 +149,15 @@ class Collector:
 
     @torch.no_grad()
     def collect(self) -> Rollout:
-        """Fill the rollout with ``T`` steps and the bootstrap values after the last one."""
+        """Fill the rollout with ``T`` steps and the bootstrap values after the last one.
+
+        A feed-forward critic's values do not feed back into acting, so they are computed after
+        the loop in one batched call over all ``T + 1`` steps instead of ``T + 1`` small ones.
+        """
         ro, policy = self.rollout, self.policy
         T = ro.starts.shape[0]
+        stepwise = {name: policy.critics[name].state_size > 0 for name in ro.groups}
+        final_x: dict[str, list[Tensor]] = {name: [] for name in ro.groups}
         for t in range(T):
             ro.starts[t] = self.starts
             starts = self.starts.unsqueeze(0)
@@ -174,31 +180,43 @@ class Collector:
                 buf.actions[t] = action[0]
                 buf.log_probs[t] = dist.log_prob(action)[0]
                 actions[name] = action[0]
-                x = policy.critic_input(name, self.step)
-                buf.critic_x[t] = x
-                buf.critic_state[t] = self.critic_states[name]
-                value, self.critic_states[name] = policy.critics[name](
-                    x.unsqueeze(0), self.critic_states[name], starts
-                )
-                buf.values[t] = value[0]
+                buf.critic_x[t] = policy.critic_input(name, self.step)
+                if stepwise[name]:
+                    buf.critic_state[t] = self.critic_states[name]
+                    value, self.critic_states[name] = policy.critics[name](
+                        buf.critic_x[t : t + 1], self.critic_states[name], starts
+                    )
+                    buf.values[t] = value[0]
             self.step = self.env.step(actions)
             self.tracker.record(self.step)
             for name, buf in ro.groups.items():
                 buf.rewards[t] = self.step.reward[name]
-                if self.bootstrap and buf.final_values is not None:
+                if self.bootstrap:
                     # V(final observation) with the recurrent state that would have continued
                     # the episode; only used where the env was truncated.
                     x = policy.critic_input(name, self.step, final=True)
-                    value, _ = policy.critics[name](
-                        x.unsqueeze(0), self.critic_states[name], torch.zeros_like(starts)
-                    )
-                    buf.final_values[t] = value[0]
+                    if stepwise[name]:
+                        value, _ = policy.critics[name](
+                            x.unsqueeze(0), self.critic_states[name], torch.zeros_like(starts)
+                        )
+                        buf.final_values[t] = value[0]
+                    else:
+                        final_x[name].append(x)
             ro.terminated[t] = self.step.terminated
             ro.truncated[t] = self.step.truncated
             self.starts = self.step.done
         starts = self.starts.unsqueeze(0)
         for name, buf in ro.groups.items():
-            x = policy.critic_input(name, self.step)
-            value, _ = policy.critics[name](x.unsqueeze(0), self.critic_states[name], starts)
-            buf.values[T] = value[0]
+            critic = policy.critics[name]
+            x = policy.critic_input(name, self.step).unsqueeze(0)
+            if stepwise[name]:
+                buf.values[T] = critic(x, self.critic_states[name], starts)[0][0]
+                continue
+            no_state = self.critic_states[name]
+            every = torch.zeros(1, ro.starts.shape[1], dtype=torch.bool, device=starts.device)
+            buf.values[:T] = critic(buf.critic_x, no_state, every.expand(T, -1))[0]
+            buf.values[T] = critic(x, no_state, every)[0][0]
+            if self.bootstrap:
+                finals = torch.stack(final_x[name])
+                buf.final_values.copy_(critic(finals, no_state, every.expand(T, -1))[0])
         return ro
