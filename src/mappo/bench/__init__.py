@@ -1,0 +1,1 @@
+"""Throughput benchmarks (not tests): environment steps per second and friends."""

@@ -1,0 +1,111 @@
+"""Recording and saving episodes of any :class:`~mappo.envs.BatchedEnv` that can render itself.
+
+Example::
+
+    frames = record_episode(make("mpe/simple_spread"))  # random valid actions
+    save_gif(frames, "spread.gif", fps=10)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+
+from mappo.envs.base import BatchedEnv, EnvError, EnvStep
+
+ActFn = Callable[[EnvStep], dict[str, Tensor]]
+"""``act_fn(step) -> actions``: per group ``[E, n, k]`` int64 for the observations of ``step``."""
+
+
+@torch.no_grad()
+def random_actions(env: BatchedEnv, step: EnvStep, generator: torch.Generator) -> dict[str, Tensor]:
+    """Uniformly random valid actions ``[E, n, k]`` per group, on the env's device.
+
+    Groups with an action mask in ``step.action_mask`` draw each head uniformly among its allowed
+    actions (the argmax of uniform noise times the mask); others draw uniform integers. All
+    randomness comes from ``generator`` (on the env's device), never torch's global RNG.
+    """
+    actions = {}
+    for name, group in env.spec.groups.items():
+        mask = step.action_mask.get(name)
+        shape = (env.num_envs, group.num_agents)
+        heads = []
+        offset = 0
+        for size in group.action.nvec:
+            if mask is None:
+                head = torch.randint(0, size, shape, device=env.device, generator=generator)
+            else:
+                noise = torch.rand(*shape, size, device=env.device, generator=generator)
+                head = (noise * mask[..., offset : offset + size]).argmax(-1)
+            heads.append(head)
+            offset += size
+        actions[name] = torch.stack(heads, dim=-1)
+    return actions
+
+
+def record_episode(
+    env: BatchedEnv,
+    act_fn: ActFn | None = None,
+    env_index: int = 0,
+    num_steps: int | None = None,
+    seed: int | None = None,
+) -> list[np.ndarray]:
+    """Reset ``env`` (reseeded with ``seed`` when given) and render env ``env_index`` until its
+    episode ends or ``num_steps`` steps have been taken; frames ``[H, W, 3]`` uint8.
+
+    ``act_fn`` chooses the actions of the whole batch; by default they are random and valid
+    (respecting action masks). The first frame is the initial state. An env resets itself inside
+    the step that ends its episode, so the state that step reached is not drawn: an episode of
+    ``T`` steps gives ``T`` frames, the states before each of its steps.
+    """
+    if not 0 <= env_index < env.num_envs:
+        raise EnvError(f"env_index {env_index} is out of range [0, {env.num_envs})")
+    if num_steps is not None and (not isinstance(num_steps, int) or num_steps < 0):
+        raise EnvError(f"num_steps must be a non-negative integer or None, got {num_steps!r}")
+    limit = env.spec.episode_limit if num_steps is None else num_steps
+    generator = torch.Generator(device=env.device)
+    generator.manual_seed(env.seed if seed is None else seed)
+    step = env.reset(seed=seed)
+    frames = [env.render(env_index)]
+    for _ in range(limit):
+        actions = act_fn(step) if act_fn is not None else random_actions(env, step, generator)
+        step = env.step(actions)
+        if bool(step.done[env_index]):
+            break
+        frames.append(env.render(env_index))
+    return frames
+
+
+def save_gif(frames: Sequence[np.ndarray], path: str | Path, fps: float = 10) -> Path:
+    """Write ``frames`` (each ``[H, W, 3]`` uint8, all the same size) as a looping GIF."""
+    if len(frames) == 0:
+        raise ValueError("save_gif needs at least one frame")
+    if fps <= 0:
+        raise ValueError(f"fps must be positive, got {fps}")
+    shape = np.asarray(frames[0]).shape
+    images = []
+    for k, frame in enumerate(frames):
+        array = np.asarray(frame)
+        if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
+            raise ValueError(
+                f"frame {k} has shape {array.shape} and dtype {array.dtype}; "
+                "expected [H, W, 3] uint8"
+            )
+        if array.shape != shape:
+            raise ValueError(f"frame {k} has shape {array.shape}, frame 0 has {shape}")
+        images.append(Image.fromarray(array))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    images[0].save(
+        path,
+        save_all=True,
+        append_images=images[1:],
+        duration=max(1, round(1000 / fps)),
+        loop=0,
+    )
+    return path
