@@ -36,6 +36,7 @@ to be well formed.
 from __future__ import annotations
 
 import abc
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,11 +168,28 @@ class BatchedEnv(abc.ABC):
     def reset(self, seed: int | None = None) -> EnvStep:
         """Reset every env; reseed the env's generator first when ``seed`` is given."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Remember the action masks of every EnvStep handed out by reset/set_state (step does it
+        # itself), so that a checked step can refuse actions the agent was not allowed to take.
+        super().__init_subclass__(**kwargs)
+        for method in ("reset", "set_state"):
+            if method in cls.__dict__:
+                setattr(cls, method, _remember_masks(cls.__dict__[method]))
+
     def step(self, actions: dict[str, Tensor]) -> EnvStep:
-        """Advance every env by one step; actions per group ``[E, n, k]`` int64 (see module doc)."""
+        """Advance every env by one step; actions per group ``[E, n, k]`` int64 (see module doc).
+
+        With ``validate_actions`` the actions are checked against the spec and against the
+        action masks of the last returned :class:`EnvStep`.
+        """
         if self.validate_actions:
             actions = self.check_actions(actions)
-        return self._step(actions)
+            masks = getattr(self, "_last_action_mask", None)
+            if masks:
+                self.check_action_masks(actions, masks)
+        result = self._step(actions)
+        self._last_action_mask = result.action_mask
+        return result
 
     @abc.abstractmethod
     def _step(self, actions: dict[str, Tensor]) -> EnvStep:
@@ -260,6 +278,17 @@ class BatchedEnv(abc.ABC):
                     f"(env, agent, head) {idx} is not allowed by its action mask; "
                     "sample from the masked distribution or check step.action_mask"
                 )
+
+
+def _remember_masks(fn: Any) -> Any:
+    @functools.wraps(fn)
+    def wrapper(self: BatchedEnv, *args: Any, **kwargs: Any) -> EnvStep:
+        result = fn(self, *args, **kwargs)
+        if isinstance(result, EnvStep):
+            self._last_action_mask = result.action_mask
+        return result
+
+    return wrapper
 
 
 def spec_to_dict(spec: EnvSpec) -> dict[str, Any]:
