@@ -82,6 +82,20 @@ def test_bench_train_json(capsys):
     assert report["update_flops_per_iteration"] > 0
 
 
+def test_bench_env_json_rows(capsys):
+    code, out, _ = _run(
+        capsys, "bench", "env", "--num-envs", "1", "8", "--seconds", "0.05", "--json"
+    )
+    assert code == 0
+    rows = json.loads(out)
+    assert [(r["env"], r["num_envs"]) for r in rows] == [
+        ("mpe/simple_spread", 1),
+        ("mpe/simple_spread", 8),
+        ("mpe2", 1),
+    ]
+    assert all(r["steps_per_second"] > 0 for r in rows)
+
+
 def test_render_random_episode(tmp_path, capsys):
     gif = tmp_path / "spread.gif"
     code, out, _ = _run(capsys, "render", "mpe/simple_spread", "--gif", str(gif), "--steps", "5")
@@ -112,6 +126,7 @@ def _digest(folder: Path) -> dict[str, str]:
         (["eval", "no/such/run"], "does not exist"),
         (["train", "mpe/simple_spread", "device=cuda:0"], None),
         (["bench", "frobnicate"], "invalid choice"),
+        (["train", "mpe/simple_spread", "wandb=true"], "Weights & Biases is not installed"),
         (["eval"], "required"),
     ],
 )

@@ -323,6 +323,14 @@ def check(cfg: TrainConfig) -> None:
             "config field 'algo.death_masked_critic' needs a centralised critic; set "
             "algo.critic_input=state or agent_state"
         )
+    if cfg.wandb:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise ConfigError(
+                "config field 'wandb' is true but Weights & Biases is not installed; "
+                "`pip install wandb` or set wandb=false"
+            )
     if not (cfg.device == "cpu" or cfg.device.startswith("cuda") or cfg.device == "mps"):
         raise ConfigError(
             f"config field 'device' must be 'cpu', 'cuda' or 'cuda:N', got {cfg.device!r}"

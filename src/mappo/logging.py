@@ -88,13 +88,8 @@ class MetricsLogger:
             self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step)
         self.wandb = None
         if wandb_project:
-            try:
-                import wandb
-            except ImportError as err:
-                raise RuntimeError(
-                    "wandb=true but Weights & Biases is not installed; `pip install wandb` or set "
-                    "wandb=false"
-                ) from err
+            import wandb  # presence checked with the config, before the run started
+
             self.wandb = wandb.init(
                 project=wandb_project,
                 config=config,
