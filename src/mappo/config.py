@@ -341,9 +341,11 @@ def check(cfg: TrainConfig) -> None:
 
 
 def list_presets() -> list[str]:
-    """Preset names, e.g. ``mpe/simple_spread``."""
+    """Preset names, e.g. ``mpe/simple_spread`` (files starting with ``_`` are shared bases)."""
     return sorted(
-        str(p.relative_to(PRESET_DIR).with_suffix("")) for p in PRESET_DIR.rglob("*.yaml")
+        str(p.relative_to(PRESET_DIR).with_suffix(""))
+        for p in PRESET_DIR.rglob("*.yaml")
+        if not p.name.startswith("_")
     )
 
 
