@@ -1,6 +1,6 @@
 """Compare the training curves of runs with a reference curve at equal env steps.
 
-    python benchmarks/compare_curves.py reference_runs/simple_spread_rmappo.csv RUN_DIR [RUN_DIR ...]
+    python benchmarks/compare_curves.py reference_runs/simple_spread_rmappo.csv RUN_DIR...
 
 Prints a Markdown table: for each checkpoint step of the reference (every ``--every`` env steps),
 the reference's training return and each run's training return (``train/episode_return`` in its

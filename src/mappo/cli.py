@@ -77,7 +77,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     env = make(
         cfg.env.name, num_envs=args.episodes, device=args.device, seed=args.seed, **cfg.env.kwargs
     )
-    result = evaluate(policy.model, env, seed=args.seed, deterministic=not args.sample)
+    with env:
+        result = evaluate(policy.model, env, seed=args.seed, deterministic=not args.sample)
     result = {"task": cfg.env.name, "algo": cfg.algo_name, **result}
     if args.gif:
         from mappo.envs.rendering import record_episode, save_gif
@@ -86,7 +87,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             cfg.env.name, num_envs=1, device=args.device, seed=args.seed, **cfg.env.kwargs
         )
         policy.reset()
-        frames = record_episode(single, lambda step: policy.act(step))
+        with single:
+            frames = record_episode(single, lambda step: policy.act(step))
         save_gif(frames, args.gif)
         result["gif"] = str(args.gif)
     if args.json:
@@ -102,8 +104,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     from mappo.envs.rendering import record_episode, save_gif
 
     kwargs = config_mod.parse_overrides(args.kwargs) if args.kwargs else {}
-    env = make(args.env, num_envs=1, seed=args.seed, **kwargs)
-    frames = record_episode(env, None, num_steps=args.steps)
+    with make(args.env, num_envs=1, seed=args.seed, **kwargs) as env:
+        frames = record_episode(env, None, num_steps=args.steps)
     save_gif(frames, args.gif)
     print(f"wrote {len(frames)} frames to {args.gif}")
     return 0

@@ -350,6 +350,11 @@ class Trainer:
             p.unlink()
         return path
 
+    def close(self) -> None:
+        """Release the environments' resources (worker processes of adapted envs)."""
+        self.env.close()
+        self.eval_env.close()
+
     # -- the loop -----------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
         self.policy.eval()
@@ -491,6 +496,7 @@ def _run(trainer: Trainer, resume_step: int | None) -> Run:
         summary = trainer.run(logger, progress)
     finally:
         logger.close()
+        trainer.close()
     summary["run_dir"] = str(trainer.run_dir)
     tmp = trainer.run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))

@@ -69,6 +69,7 @@ def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> d
         upd += r["update_seconds"]
     steps = iterations * cfg.steps_per_update
     flops = update_flops(trainer)
+    trainer.close()
     mm = matmul_rate(device=cfg.device)
     achieved = flops * iterations / upd if upd > 0 else 0.0
     return {

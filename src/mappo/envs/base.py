@@ -211,6 +211,12 @@ class BatchedEnv(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op for tensor envs
         """Release worker processes or other resources (no-op for tensor envs)."""
 
+    def __enter__(self) -> BatchedEnv:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     # -- helpers ------------------------------------------------------------------------------
     def reseed(self, seed: int | None) -> None:
         if seed is not None:

@@ -1,0 +1,747 @@
+"""Batched envs over environments the project did not write: PettingZoo and Gymnasium.
+
+:class:`PettingZooAdapter` turns any PettingZoo ``ParallelEnv`` factory, and
+:class:`GymnasiumAdapter` any Gymnasium multi-agent env with ``Tuple`` spaces (``lbforaging``,
+``rware``), into a :class:`~mappo.envs.base.BatchedEnv` of ``num_envs`` copies, stepped in worker
+processes (see :mod:`mappo.envs.adapters.pool`) or in-process with ``num_workers=0``.
+
+What the adapter does with the wrapped env (the contract is in :mod:`mappo.envs.base`):
+
+- **Groups.** Agents with identical observation and action spaces form a group, named after the
+  agents' common prefix (``adversary_0``, ``adversary_1`` -> ``adversary``), else ``group_<i>``;
+  or as the user maps them with ``groups={"name": [agents]}``.
+- **Observations** are flattened to float32 (``gymnasium.spaces.flatten`` for non-Box spaces).
+- **Global state**: the env's ``state()`` where it has one, else every agent's observation joined
+  in ``possible_agents`` order, ``[E, sum(n * d)]`` (option ``global_state``).
+- **Action masks**: the ``action_mask`` entry of dict observations (PettingZoo's convention), or
+  ``info[agent]["action_mask"]``.
+- **Episodes**: an env is done when every agent is terminated or truncated, when no agent is left,
+  or at ``episode_limit`` steps (a truncation). Agents that leave early are not ``alive``, with
+  zero observation and zero reward (death masking). Done copies are reset in the same step
+  (``final_obs`` holds the observation they ended on).
+- **Seeding**: ``reset(seed)`` resets copy ``i`` with seed ``seed + i``; later episodes continue
+  each copy's own RNG, so ``(seed, num_envs)`` replays exactly, with or without workers.
+- **Statistics**: ``episode_return`` (the episode's reward summed over steps, averaged over all
+  agents) and ``episode_length`` (steps).
+
+The host round trip is in the nature of wrapping Python envs: actions go to host memory and
+observations come back to ``device`` once per step, as one copy per array.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from mappo.envs.adapters import _worker
+from mappo.envs.adapters.pool import (
+    EnvOutputError,
+    EnvWorkerError,
+    SharedBuffers,
+    WorkerPool,
+    default_start_method,
+)
+from mappo.envs.base import ActionSpec, BatchedEnv, EnvError, EnvSpec, EnvStep, GroupSpec
+
+ADAPTER_OPTIONS = frozenset(
+    {
+        "name",
+        "groups",
+        "num_workers",
+        "envs_per_worker",
+        "start_method",
+        "timeout",
+        "startup_timeout",
+        "episode_limit",
+        "truncate_at_limit",
+        "check_finite",
+        "global_state",
+        "env_kwargs",
+    }
+)
+"""Keyword arguments of the scheme factories that configure the adapter; all others are passed
+to the environment (use ``env_kwargs={...}`` for an env argument with one of these names)."""
+
+EXTRAS = {"pettingzoo": "pettingzoo", "mpe2": "pettingzoo", "gymnasium": "pettingzoo"}
+EXTRAS |= {"lbforaging": "lbf", "rware": "rware"}
+"""Top-level package -> the ``mappo`` extra that installs it."""
+
+STAT_NAMES = ("episode_return", "episode_length")
+
+
+class ParallelEnvAdapter(BatchedEnv):
+    """A batch of Python environments in the ParallelEnv protocol (base of both adapters).
+
+    Args:
+        factory: how to build one copy (``_worker.Factory``).
+        wrap: ``"parallel"`` (already a ParallelEnv) or ``"tuple"`` (Gymnasium Tuple spaces).
+        num_envs, device, seed: as every :class:`BatchedEnv`.
+        name: the name in messages (e.g. ``pettingzoo:mpe2.simple_spread_v3``).
+        groups: ``{"group": [agent, ...]}`` to group agents yourself; default: by spaces.
+        num_workers: worker processes; ``0`` steps the envs in this process; default
+            ``min(num_envs, os.cpu_count())`` (or ``num_envs / envs_per_worker``).
+        envs_per_worker: copies per worker (the last workers get fewer when it does not divide).
+        start_method: ``"forkserver"`` (default where available) or ``"spawn"``.
+        timeout: seconds a step or reset may take before a worker counts as hung.
+        startup_timeout: seconds the workers may take to start and build their envs.
+        episode_limit: steps after which an episode is truncated; default: what the env declares
+            (``max_cycles``, ``max_steps``, ``spec.max_episode_steps``...).
+        truncate_at_limit: report an episode that the env ends exactly at ``episode_limit`` as
+            truncated, not terminated (LBF and RWARE signal their time limit as termination).
+        check_finite: refuse observations, rewards and states with NaN or inf.
+        global_state: ``"env"`` (the env's ``state()``), ``"obs"`` (every agent's
+            observation joined in ``possible_agents`` order, zeros for absent agents, as the
+            MAPPO paper's MPE critic input), or ``"auto"``: the env's ``state()`` where it has
+            one, except when it is the joined observations (as in PettingZoo's MPE), which the
+            adapter then joins itself instead of having every env compute them twice.
+    """
+
+    def __init__(
+        self,
+        factory: _worker.Factory,
+        wrap: str,
+        num_envs: int = 1,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        *,
+        name: str,
+        groups: Mapping[str, Sequence[str]] | None = None,
+        num_workers: int | None = None,
+        envs_per_worker: int | None = None,
+        start_method: str | None = None,
+        timeout: float = 60.0,
+        startup_timeout: float = 120.0,
+        episode_limit: int | None = None,
+        truncate_at_limit: bool = True,
+        check_finite: bool = True,
+        global_state: str = "auto",
+    ) -> None:
+        self.name = name
+        super().__init__(num_envs, device, seed)
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise EnvError(f"{name}: timeout must be a positive number of seconds, got {timeout!r}")
+        if episode_limit is not None and not _positive_int(episode_limit):
+            raise EnvError(
+                f"{name}: episode_limit must be a positive integer, got {episode_limit!r}"
+            )
+        if global_state not in ("auto", "env", "obs"):
+            raise EnvError(
+                f"{name}: global_state must be 'auto', 'env' or 'obs', got {global_state!r}"
+            )
+        ranges = _split_batch(name, num_envs, num_workers, envs_per_worker)
+        if start_method not in (None, "forkserver", "spawn"):
+            raise EnvError(
+                f"{name}: start_method must be 'forkserver' or 'spawn', got {start_method!r} "
+                "('fork' is unsafe in a process that runs torch)"
+            )
+        self._closed_reason = ""
+        self._pool: WorkerPool | None = None
+        self._runner: _worker.EnvRunner | None = None
+        self._buffers: SharedBuffers | None = None
+        self._was_reset = False
+        self._masks: dict[str, Tensor] = {}
+
+        descs, env_state, joined, limit = self._inspect(factory, wrap, seed, episode_limit)
+        if global_state == "env" and env_state is None:
+            raise EnvError(f"{name}: the environment has no state(); use global_state='obs'")
+        # Equal to the joined observations (and not trivially, as all zeros would be).
+        state_is_joined_obs = np.array_equal(env_state, joined) and np.ptp(joined) > 0
+        use_env_state = env_state is not None and (
+            global_state == "env" or (global_state == "auto" and not state_is_joined_obs)
+        )
+        state_dim = int(env_state.size) if use_env_state else None
+        members = _group_agents(name, descs, groups)
+        self.spec = _make_spec(descs, members, state_dim, limit)
+        self._state_dim = state_dim
+        self._join_index = _join_index(descs, members)
+        config = {
+            "env_name": name,
+            "groups": [(g, [descs[a]["desc"] for a in agents]) for g, agents in members.items()],
+            "mask_modes": {g: descs[agents[0]]["desc"]["mask"] for g, agents in members.items()},
+            "state_dim": state_dim,
+            "episode_limit": limit,
+            "truncate_at_limit": bool(truncate_at_limit),
+            "check_finite": bool(check_finite),
+        }
+        self._buffers = SharedBuffers(self._fields(), shared=bool(ranges))
+        if ranges:
+            self._pool = self._run(
+                "start",
+                lambda: WorkerPool(
+                    env_name=name,
+                    factory=factory,
+                    wrap=wrap,
+                    config=config,
+                    ranges=ranges,
+                    timeout=float(timeout),
+                    startup_timeout=float(max(startup_timeout, timeout)),
+                    start_method=start_method or default_start_method(),
+                    buffers=self._buffers,
+                ),
+            )
+        else:
+            arrays = self._buffers.arrays
+            self._runner = self._run(
+                "start", lambda: _worker.EnvRunner(factory, wrap, config, arrays, 0, num_envs)
+            )
+
+    # -- the contract -------------------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> EnvStep:
+        """Reset every copy; copy ``i`` is seeded ``seed + i`` (the constructor's seed the first
+        time when ``seed`` is ``None``; later ``None`` resets continue each copy's RNG)."""
+        self._ensure_open()
+        if seed is None and not self._was_reset:
+            seed = self.seed
+        self.reseed(seed)
+        backend = self._pool if self._pool is not None else self._runner
+        self._run("reset", lambda: backend.reset(seed))
+        self._was_reset = True
+        return self._collect(initial=True)
+
+    def _step(self, actions: dict[str, Tensor]) -> EnvStep:
+        self._ensure_open()
+        if not self._was_reset:
+            raise EnvError(f"{self.name}: call reset() before step()")
+        if self.validate_actions and self._masks:
+            self.check_action_masks(actions, self._masks)
+        arrays = self._buffers.arrays
+        for group in self.spec.groups:
+            target = torch.from_numpy(arrays[f"action/{group}"])
+            target.copy_(actions[group].reshape(target.shape))
+        self._run("step", (self._pool or self._runner).step)
+        return self._collect(initial=False)
+
+    def get_state(self) -> dict[str, Tensor]:
+        """Not available: the state of Python envs in other processes is opaque (a checkpoint
+        of a run on an adapter resumes with fresh episodes)."""
+        raise NotImplementedError(
+            f"{self.name}: the simulator state of wrapped Python environments cannot be "
+            "exported; state injection is available for the built-in tensor environments"
+        )
+
+    def set_state(self, state: dict[str, Tensor], env_ids: Tensor | None = None) -> EnvStep:
+        """Not available (see :meth:`get_state`)."""
+        raise NotImplementedError(
+            f"{self.name}: wrapped Python environments cannot be put into a given state; "
+            "state injection is available for the built-in tensor environments"
+        )
+
+    def close(self) -> None:
+        """End the worker processes and release the shared memory; idempotent."""
+        if self._pool is not None:
+            self._pool.close()
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+        if self._buffers is not None:
+            self._buffers.close()
+        if not self._closed_reason:
+            self._closed_reason = "closed"
+
+    def __enter__(self) -> ParallelEnvAdapter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes (``0`` when the envs run in this process)."""
+        return 0 if self._pool is None else len(self._pool.procs)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the workers (empty in-process)."""
+        return [] if self._pool is None else self._pool.pids
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.name!r}, num_envs={self.num_envs}, "
+            f"num_workers={self.num_workers})"
+        )
+
+    # -- internals ----------------------------------------------------------------------------
+    def _inspect(
+        self, factory: _worker.Factory, wrap: str, seed: int, episode_limit: int | None
+    ) -> tuple[dict[str, dict[str, Any]], np.ndarray | None, np.ndarray, int]:
+        """Build one env here to read its agents, spaces, masks and episode limit, and its
+        first ``state()`` (``None`` without one) and joined observations."""
+        try:
+            probe = _worker.make_env(factory, wrap)
+        except TypeError as err:
+            raise EnvError(f"{self.name}: bad parameter for the environment: {err}") from err
+        except Exception as err:
+            raise EnvError(
+                f"{self.name}: could not create the environment: {type(err).__name__}: {err}"
+            ) from err
+        try:
+            agents = list(getattr(probe, "possible_agents", []))
+            if not agents:
+                raise EnvError(f"{self.name}: the environment lists no possible_agents")
+            descs: dict[str, dict[str, Any]] = {}
+            for agent in agents:
+                obs_space, act_space = probe.observation_space(agent), probe.action_space(agent)
+                try:
+                    desc = _worker.describe_agent(agent, obs_space, act_space)
+                except ValueError as err:
+                    raise EnvError(f"{self.name}: {err}") from None
+                descs[agent] = {"desc": desc, "obs_space": obs_space, "act_space": act_space}
+            obs, infos = probe.reset(seed=seed)
+            for agent in agents:
+                info = infos.get(agent) if isinstance(infos, dict) else None
+                desc = descs[agent]["desc"]
+                if desc["mask"] is None and isinstance(info, dict) and "action_mask" in info:
+                    desc["mask"] = "info"
+            try:
+                env_state = np.asarray(probe.state(), dtype=np.float32).reshape(-1)
+            except (NotImplementedError, AttributeError):
+                env_state = None
+            joined = np.concatenate(
+                [
+                    _worker.flat_observation(descs[a]["desc"], obs[a])
+                    if a in obs
+                    else np.zeros(descs[a]["desc"]["obs_dim"], np.float32)
+                    for a in agents
+                ]
+            )
+            limit = episode_limit or _worker.infer_episode_limit(probe)
+        finally:
+            try:
+                probe.close()
+            except Exception:  # only the probe's resources; the batch builds its own envs
+                pass
+        if limit is None:
+            raise EnvError(
+                f"{self.name}: cannot tell the episode length limit of this environment (it has "
+                "no max_cycles, max_steps or spec.max_episode_steps); pass episode_limit=<steps>"
+            )
+        return descs, env_state, joined, limit
+
+    def _fields(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        e = self.num_envs
+        fields: dict[str, tuple[tuple[int, ...], str]] = {}
+        for g, spec in self.spec.groups.items():
+            n, d = spec.num_agents, spec.obs_shape[0]
+            fields[f"obs/{g}"] = ((e, n, d), "float32")
+            fields[f"final_obs/{g}"] = ((e, n, d), "float32")
+            fields[f"reward/{g}"] = ((e, n), "float32")
+            fields[f"alive/{g}"] = ((e, n), "bool")
+            fields[f"action/{g}"] = ((e, n, spec.action.num_heads), "int64")
+            if spec.has_action_mask:
+                fields[f"mask/{g}"] = ((e, n, spec.action.total), "bool")
+        if self._state_dim is not None:
+            fields["state"] = ((e, self._state_dim), "float32")
+            fields["final_state"] = ((e, self._state_dim), "float32")
+        for flag in ("terminated", "truncated"):
+            fields[flag] = ((e,), "bool")
+        for stat in STAT_NAMES:
+            fields[stat] = ((e,), "float32")
+        return fields
+
+    def _run(self, what: str, call: Callable[[], Any]) -> Any:
+        """Run a command of the workers or of the in-process runner; on any failure close the
+        env and raise. In-process failures are reported as the workers report theirs."""
+        try:
+            return call()
+        except EnvWorkerError as err:  # from the worker pool, with every detail already
+            self._fail(str(err))
+            raise
+        except _worker.EnvOutputFault as err:
+            index = None if self._runner is None else self._runner.current
+            tb = traceback.format_exc()
+            self._fail(str(err))
+            raise EnvOutputError(
+                f"{err}; fix the environment: the adapter does not train on malformed output",
+                env_name=self.name,
+                worker=None,
+                env_index=index,
+                remote_traceback=tb,
+            ) from err
+        except Exception as err:
+            index = None if self._runner is None else self._runner.current
+            tb = traceback.format_exc()
+            self._fail(str(err))
+            if isinstance(err, EnvError):  # e.g. a worker pool that could not start
+                raise
+            copy = "" if index is None else f" in copy {index} of the batch"
+            raise EnvWorkerError(
+                f"{self.name}: the environment raised {type(err).__name__}: {err} in {what}"
+                f"{copy} (in-process)",
+                env_name=self.name,
+                worker=None,
+                env_index=index,
+                remote_traceback=tb,
+            ) from err
+        except BaseException:  # Ctrl-C: the workers are mid-command, their state is unknown
+            self._fail("interrupted")
+            raise
+
+    def _fail(self, reason: str) -> None:
+        self._closed_reason = f"closed after an error ({reason.splitlines()[0][:200]})"
+        self.close()
+
+    def _ensure_open(self) -> None:
+        if self._closed_reason:
+            raise EnvError(f"{self.name} is {self._closed_reason}; create a new environment")
+
+    def _join(self, obs: dict[str, Tensor]) -> Tensor:
+        """``[E, sum(n * d)]``: every agent's observation in ``possible_agents`` order."""
+        joined = torch.cat([o.flatten(1) for o in obs.values()], dim=1)
+        if self._join_index is None:
+            return joined
+        return joined.index_select(1, self._join_index.to(joined.device))
+
+    def _collect(self, initial: bool) -> EnvStep:
+        """Copy the output arrays to ``device`` tensors (``final_*`` only after a step)."""
+        arrays = self._buffers.arrays
+        device = self.device
+
+        def get(key: str) -> Tensor:
+            return torch.from_numpy(arrays[key]).to(device, copy=True)
+
+        groups = list(self.spec.groups)
+        obs = {g: get(f"obs/{g}") for g in groups}
+        reward = {g: get(f"reward/{g}") for g in groups}
+        alive = {g: get(f"alive/{g}") for g in groups}
+        masks = {g: get(f"mask/{g}") for g in groups if self.spec.groups[g].has_action_mask}
+        terminated, truncated = get("terminated"), get("truncated")
+        if self._state_dim is not None:
+            state = get("state")
+        else:
+            state = self._join(obs)
+        final_obs = final_state = None
+        if not initial:
+            done = terminated | truncated
+            final_obs = {
+                g: torch.where(done[:, None, None], get(f"final_obs/{g}"), obs[g]) for g in groups
+            }
+            if self._state_dim is not None:
+                final_state = torch.where(done[:, None], get("final_state"), state)
+            else:
+                final_state = self._join(final_obs)
+        self._masks = masks
+        return EnvStep(
+            obs=obs,
+            state=state,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            alive=alive,
+            action_mask=masks,
+            final_obs=final_obs,
+            final_state=final_state,
+            stats={s: get(s) for s in STAT_NAMES},
+        )
+
+
+class PettingZooAdapter(ParallelEnvAdapter):
+    """Any PettingZoo ``ParallelEnv`` as a batched env.
+
+    ``env_fn`` builds one copy: an import path (``"mpe2.simple_spread_v3"`` means its
+    ``parallel_env``; ``"package.module:callable"``), or a callable. With worker processes a
+    callable must be picklable (a module-level function or class, or a ``functools.partial`` of
+    one); PettingZoo's own ``parallel_env`` functions are closures, so pass their import path.
+    ``env_kwargs`` are passed to it. The other keyword arguments are those of
+    :class:`ParallelEnvAdapter`.
+
+    Example::
+
+        env = PettingZooAdapter("mpe2.simple_spread_v3", num_envs=64, num_workers=4,
+                                env_kwargs={"N": 3, "max_cycles": 25})
+    """
+
+    def __init__(
+        self,
+        env_fn: str | Callable[..., Any],
+        num_envs: int = 1,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        *,
+        env_kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        **options: Any,
+    ) -> None:
+        kwargs = dict(env_kwargs or {})
+        if isinstance(env_fn, str):
+            module = env_fn.partition(":")[0]
+            name = name or f"pettingzoo:{env_fn}"
+            _require(name, "gymnasium")
+            _require(name, module)
+            factory: _worker.Factory = ("import", env_fn, kwargs)
+        elif callable(env_fn):
+            name = name or f"pettingzoo:{getattr(env_fn, '__qualname__', type(env_fn).__name__)}"
+            _require(name, "gymnasium")
+            factory = ("callable", env_fn, kwargs)
+        else:
+            raise EnvError(
+                f"PettingZooAdapter needs an import path or a callable that returns a "
+                f"ParallelEnv, got {type(env_fn).__name__}"
+            )
+        super().__init__(factory, "parallel", num_envs, device, seed, name=name, **options)
+
+
+class GymnasiumAdapter(ParallelEnvAdapter):
+    """A Gymnasium multi-agent env with ``Tuple`` observation and action spaces as a batched env.
+
+    ``env`` is a Gymnasium id, ``"package:EnvId"`` to have the package imported first so that it
+    registers its ids (``"lbforaging:Foraging-8x8-2p-2f-v3"``, ``"rware:rware-tiny-2ag-v2"``), or
+    a picklable callable returning the env. ``env_kwargs`` go to ``gymnasium.make`` (or to the
+    callable). Agents are named ``agent_0 ... agent_{n-1}``; see ``_worker.TupleEnvAsParallel``
+    for the conventions read from ``step``.
+    """
+
+    def __init__(
+        self,
+        env: str | Callable[..., Any],
+        num_envs: int = 1,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        *,
+        env_kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        **options: Any,
+    ) -> None:
+        kwargs = dict(env_kwargs or {})
+        if isinstance(env, str):
+            name = name or f"gymnasium:{env}"
+            _require(name, "gymnasium")
+            package, sep, _ = env.partition(":")
+            if sep:
+                _require(name, package)
+            factory: _worker.Factory = ("gymnasium", env, kwargs)
+        elif callable(env):
+            name = name or f"gymnasium:{getattr(env, '__qualname__', type(env).__name__)}"
+            _require(name, "gymnasium")
+            factory = ("callable", env, kwargs)
+        else:
+            raise EnvError(
+                f"GymnasiumAdapter needs a Gymnasium id or a callable that returns the env, got "
+                f"{type(env).__name__}"
+            )
+        super().__init__(factory, "tuple", num_envs, device, seed, name=name, **options)
+
+
+# -- config names -------------------------------------------------------------------------------
+def make_pettingzoo(
+    target: str,
+    num_envs: int = 1,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    **kwargs: Any,
+) -> PettingZooAdapter:
+    """Factory of the ``pettingzoo:`` scheme: ``pettingzoo:mpe2.simple_spread_v3`` or
+    ``pettingzoo:package.module:callable``. Adapter options (:data:`ADAPTER_OPTIONS`) configure
+    the adapter; every other keyword argument is passed to the env factory."""
+    options, env_kwargs = _split_kwargs(kwargs)
+    name = f"pettingzoo:{target}"
+    return PettingZooAdapter(
+        target, num_envs, device, seed, env_kwargs=env_kwargs, name=name, **options
+    )
+
+
+def make_gymnasium(
+    target: str,
+    num_envs: int = 1,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    **kwargs: Any,
+) -> GymnasiumAdapter:
+    """Factory of the ``gymnasium:`` scheme: ``gymnasium:lbforaging:Foraging-8x8-2p-2f-v3``
+    imports ``lbforaging`` (which registers its ids) and calls ``gymnasium.make`` with the
+    keyword arguments that are not adapter options (:data:`ADAPTER_OPTIONS`)."""
+    options, env_kwargs = _split_kwargs(kwargs)
+    name = f"gymnasium:{target}"
+    return GymnasiumAdapter(
+        target, num_envs, device, seed, env_kwargs=env_kwargs, name=name, **options
+    )
+
+
+def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    options = {k: v for k, v in kwargs.items() if k in ADAPTER_OPTIONS and k != "env_kwargs"}
+    env_kwargs = {k: v for k, v in kwargs.items() if k not in ADAPTER_OPTIONS}
+    env_kwargs.update(kwargs.get("env_kwargs") or {})
+    options.pop("name", None)
+    return options, env_kwargs
+
+
+def _require(env_name: str, module: str) -> None:
+    """Import ``module`` or raise :class:`EnvError` naming the package (and extra) to install."""
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as err:
+        missing = (err.name or module).split(".")[0]
+        if importlib.util.find_spec(missing) is not None:
+            raise EnvError(f"{env_name}: there is no module '{err.name}' ({err})") from err
+        extra = EXTRAS.get(missing)
+        how = f"pip install 'mappo[{extra}]'" if extra else f"pip install {missing}"
+        raise EnvError(
+            f"{env_name} needs the Python package '{missing}', which is not installed; "
+            f"install it with `{how}`"
+        ) from err
+
+
+# -- groups and spec ------------------------------------------------------------------------------
+def _prefix(agent: str) -> str:
+    """``adversary_0`` -> ``adversary``; ``agent-12`` -> ``agent``."""
+    return re.sub(r"[_\-]?\d+$", "", agent)
+
+
+def _group_agents(
+    env_name: str,
+    descs: dict[str, dict[str, Any]],
+    groups: Mapping[str, Sequence[str]] | None,
+) -> dict[str, list[str]]:
+    """Group name -> agents, in the env's agent order (automatic) or as the user mapped them."""
+    agents = list(descs)
+    if groups is not None:
+        return _check_user_groups(env_name, descs, groups)
+    buckets: list[list[str]] = []
+    for agent in agents:
+        for bucket in buckets:
+            first = descs[bucket[0]]
+            same = (
+                first["obs_space"] == descs[agent]["obs_space"]
+                and first["act_space"] == descs[agent]["act_space"]
+                and first["desc"]["mask"] == descs[agent]["desc"]["mask"]
+            )
+            if same:
+                bucket.append(agent)
+                break
+        else:
+            buckets.append([agent])
+    prefixes = [{_prefix(a) for a in bucket} for bucket in buckets]
+    names = []
+    for i, p in enumerate(prefixes):
+        unique = len(p) == 1 and "" not in p and prefixes.count(p) == 1
+        names.append(next(iter(p)) if unique else f"group_{i}")
+    if len(set(names)) != len(names):  # a prefix that reads like a generated name
+        names = [f"group_{i}" for i in range(len(buckets))]
+    return dict(zip(names, buckets, strict=True))
+
+
+def _check_user_groups(
+    env_name: str, descs: dict[str, dict[str, Any]], groups: Mapping[str, Sequence[str]]
+) -> dict[str, list[str]]:
+    if not isinstance(groups, Mapping) or not groups:
+        raise EnvError(f"{env_name}: groups must be a non-empty mapping of name -> agent names")
+    seen: dict[str, str] = {}
+    out: dict[str, list[str]] = {}
+    for name, members in groups.items():
+        if not isinstance(name, str) or not name:
+            raise EnvError(f"{env_name}: group names must be non-empty strings, got {name!r}")
+        members = [members] if isinstance(members, str) else list(members)
+        if not members:
+            raise EnvError(f"{env_name}: group '{name}' has no agents")
+        for agent in members:
+            if agent not in descs:
+                raise EnvError(
+                    f"{env_name}: group '{name}' names agent '{agent}', which the env does not "
+                    f"have; its agents are {list(descs)}"
+                )
+            if agent in seen:
+                raise EnvError(
+                    f"{env_name}: agent '{agent}' is in groups '{seen[agent]}' and '{name}'; "
+                    "each agent belongs to exactly one group"
+                )
+            seen[agent] = name
+        first = descs[members[0]]["desc"]
+        for agent in members[1:]:
+            d = descs[agent]["desc"]
+            if any(d[key] != first[key] for key in ("obs_dim", "nvec", "mask")):
+                raise EnvError(
+                    f"{env_name}: group '{name}' mixes agents with different spaces: "
+                    f"'{members[0]}' (observation size {first['obs_dim']}, actions "
+                    f"{first['nvec']}) and '{agent}' (observation size {d['obs_dim']}, actions "
+                    f"{d['nvec']}); a group shares one observation and action space"
+                )
+        out[name] = members
+    missing = [a for a in descs if a not in seen]
+    if missing:
+        raise EnvError(f"{env_name}: agents {missing} are in no group; add them to one")
+    return out
+
+
+def _make_spec(
+    descs: dict[str, dict[str, Any]],
+    members: dict[str, list[str]],
+    state_dim: int | None,
+    episode_limit: int,
+) -> EnvSpec:
+    groups = {}
+    for name, agents in members.items():
+        first = descs[agents[0]]["desc"]
+        groups[name] = GroupSpec(
+            agents=tuple(agents),
+            obs_shape=(first["obs_dim"],),
+            action=ActionSpec(tuple(first["nvec"])),
+            has_action_mask=first["mask"] is not None,
+        )
+    if state_dim is None:
+        state_dim = sum(g.num_agents * g.obs_shape[0] for g in groups.values())
+    return EnvSpec(
+        groups=groups, state_shape=(state_dim,), episode_limit=episode_limit, stat_names=STAT_NAMES
+    )
+
+
+def _join_index(descs: dict[str, dict[str, Any]], members: dict[str, list[str]]) -> Tensor | None:
+    """Columns of the group-ordered joined observations, in ``possible_agents`` order (``None``
+    when the groups already list the agents in that order)."""
+    start, blocks = 0, {}
+    for agents in members.values():
+        for agent in agents:
+            dim = descs[agent]["desc"]["obs_dim"]
+            blocks[agent] = torch.arange(start, start + dim)
+            start += dim
+    if list(blocks) == list(descs):
+        return None
+    return torch.cat([blocks[a] for a in descs])
+
+
+def _split_batch(
+    env_name: str, num_envs: int, num_workers: int | None, envs_per_worker: int | None
+) -> list[tuple[int, int]]:
+    """Per worker the contiguous copies ``(lo, hi)`` it steps; ``[]`` for in-process."""
+
+    if envs_per_worker is not None:
+        if not _positive_int(envs_per_worker):
+            raise EnvError(
+                f"{env_name}: envs_per_worker must be a positive integer, got {envs_per_worker!r}"
+            )
+        needed = -(-num_envs // envs_per_worker)
+        if num_workers is None:
+            num_workers = needed
+        elif num_workers != needed:
+            raise EnvError(
+                f"{env_name}: {num_workers} workers x {envs_per_worker} envs per worker do not "
+                f"make num_envs={num_envs}; set only one of num_workers and envs_per_worker"
+            )
+    if num_workers is None:
+        num_workers = min(num_envs, os.cpu_count() or 1)
+    if not (isinstance(num_workers, int) and not isinstance(num_workers, bool)) or num_workers < 0:
+        raise EnvError(
+            f"{env_name}: num_workers must be a non-negative integer (0 = in-process), got "
+            f"{num_workers!r}"
+        )
+    if num_workers > num_envs:
+        raise EnvError(
+            f"{env_name}: num_workers={num_workers} is more than num_envs={num_envs}; use at most "
+            "one worker per env"
+        )
+    if num_workers == 0:
+        return []
+    base, extra = divmod(num_envs, num_workers)
+    bounds = np.cumsum([0] + [base + 1] * extra + [base] * (num_workers - extra))
+    return [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

@@ -1,0 +1,189 @@
+"""Tiny PettingZoo ParallelEnvs for the adapter tests, and their PettingZoo API conformance.
+
+This module imports only numpy, gymnasium and pettingzoo (no torch, no mappo): worker processes
+of the adapter import it to build the environments.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
+
+
+class TinyEnv(ParallelEnv):
+    """A deterministic toy env with the features the adapter must handle.
+
+    Args:
+        n_agents: agents ``agent_0 ...`` with ``Box(obs_dim)`` observations and
+            ``Discrete(n_actions)`` actions.
+        scouts: extra agents ``scout_0 ...`` with ``Box(5)`` observations and
+            ``MultiDiscrete([2, 3])`` actions (a second group). ``odd_one``: make the last
+            ``agent_*`` a ``Box(obs_dim + 1)`` agent, so two groups share the prefix ``agent``.
+        masks: ``"obs"`` (dict observations with ``action_mask``), ``"info"`` or ``None``. The
+            allowed actions at step ``t`` are ``a`` with ``(a + t) % 2 == 0``, and always 0.
+        leave: agent -> step at which it terminates (leaves the episode).
+        max_cycles: every agent still present is truncated at this step.
+        fault: ``"raise"``, ``"hang"``, ``"nan"``, ``"shape"``, ``"unknown_agent"`` at
+            ``fault_step``, only in the copy that was last reset with seed ``fault_seed`` (every
+            copy when ``None``).
+        box_actions: give the agents a Box action space (unsupported by the adapter).
+    """
+
+    metadata = {"name": "tiny_v0"}
+
+    def __init__(
+        self,
+        n_agents: int = 2,
+        obs_dim: int = 4,
+        n_actions: int = 4,
+        scouts: int = 0,
+        odd_one: bool = False,
+        masks: str | None = None,
+        leave: dict[str, int] | None = None,
+        max_cycles: int = 6,
+        fault: str | None = None,
+        fault_step: int = 2,
+        fault_seed: int | None = None,
+        box_actions: bool = False,
+    ) -> None:
+        self.possible_agents = [f"agent_{i}" for i in range(n_agents)]
+        self.possible_agents += [f"scout_{i}" for i in range(scouts)]
+        self.n_actions = n_actions
+        self.masks = masks
+        self.leave = dict(leave or {})
+        self.max_cycles = max_cycles
+        self.fault, self.fault_step, self.fault_seed = fault, fault_step, fault_seed
+        self._obs_spaces: dict[str, spaces.Space] = {}
+        self._act_spaces: dict[str, spaces.Space] = {}
+        for i, agent in enumerate(self.possible_agents):
+            if agent.startswith("scout"):
+                value: spaces.Space = spaces.Box(-np.inf, np.inf, (5,), np.float32)
+                action: spaces.Space = spaces.MultiDiscrete([2, 3])
+            else:
+                dim = obs_dim + 1 if odd_one and i == n_agents - 1 else obs_dim
+                value = spaces.Box(-np.inf, np.inf, (dim,), np.float32)
+                action = spaces.Discrete(n_actions)
+            if box_actions:
+                action = spaces.Box(-1.0, 1.0, (2,), np.float32)
+            if masks == "obs":
+                width = int(np.sum(action.nvec)) if hasattr(action, "nvec") else int(action.n)
+                value = spaces.Dict(
+                    {"observation": value, "action_mask": spaces.MultiBinary(width)}
+                )
+            self._obs_spaces[agent] = value
+            self._act_spaces[agent] = action
+        self.agents: list[str] = []
+        self.t = 0
+        self.seed_used: int | None = None
+        self.rng = np.random.default_rng(0)
+
+    def observation_space(self, agent: str) -> spaces.Space:
+        return self._obs_spaces[agent]
+
+    def action_space(self, agent: str) -> spaces.Space:
+        return self._act_spaces[agent]
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+            self.seed_used = seed
+        self.agents = list(self.possible_agents)
+        self.t = 0
+        self.noise = self.rng.normal(size=len(self.possible_agents))
+        self.last = {a: 0 for a in self.possible_agents}
+        return {a: self._obs(a) for a in self.agents}, {a: self._info(a) for a in self.agents}
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        self.t += 1
+        faulty = self.fault is not None and self.t == self.fault_step
+        faulty = faulty and self.fault_seed in (None, self.seed_used)
+        if faulty and self.fault == "raise":
+            raise RuntimeError(f"boom at step {self.t}")
+        if faulty and self.fault == "hang":
+            _hang_forever()
+        rewards, terms, truncs = {}, {}, {}
+        for a in self.agents:
+            act = actions[a]
+            self.last[a] = int(np.sum(act))
+            rewards[a] = 0.1 * self.last[a] + self.possible_agents.index(a)
+            terms[a] = self.leave.get(a) == self.t
+            truncs[a] = self.t >= self.max_cycles and not terms[a]
+        obs = {a: self._obs(a) for a in self.agents}
+        infos = {a: self._info(a) for a in self.agents}
+        if faulty and self.fault == "nan":
+            rewards[self.agents[-1]] = float("nan")
+        if faulty and self.fault == "shape":
+            obs[self.agents[0]] = np.zeros(3, np.float32)
+        if faulty and self.fault == "unknown_agent":
+            rewards["ghost_0"] = 1.0
+        self.agents = [a for a in self.agents if not (terms[a] or truncs[a])]
+        return obs, rewards, terms, truncs, infos
+
+    def state(self) -> np.ndarray:
+        raise NotImplementedError("TinyEnv has no global state")
+
+    def _value(self, agent: str) -> np.ndarray:
+        i = self.possible_agents.index(agent)
+        dim = self._value_space(agent).shape[0]
+        head = [self.t, i, self.last[agent], self.noise[i]]
+        return np.resize(np.asarray(head, np.float32), dim)
+
+    def _value_space(self, agent: str) -> spaces.Space:
+        space = self._obs_spaces[agent]
+        return space["observation"] if isinstance(space, spaces.Dict) else space
+
+    def _mask(self, agent: str) -> np.ndarray:
+        space = self._act_spaces[agent]
+        width = int(np.sum(space.nvec)) if hasattr(space, "nvec") else int(space.n)
+        allowed = (np.arange(width) + self.t) % 2 == 0
+        allowed[0] = True
+        return allowed.astype(np.int8)
+
+    def _obs(self, agent: str) -> object:
+        if self.masks == "obs":
+            return {"observation": self._value(agent), "action_mask": self._mask(agent)}
+        return self._value(agent)
+
+    def _info(self, agent: str) -> dict:
+        return {"action_mask": self._mask(agent)} if self.masks == "info" else {}
+
+
+def _hang_forever() -> None:
+    while True:
+        time.sleep(0.05)
+
+
+def tiny(**kwargs: object) -> functools.partial:
+    """A picklable factory of :class:`TinyEnv` (what the adapters take)."""
+    return functools.partial(TinyEnv, **kwargs)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (no psutil needed)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def test_tiny_envs_follow_the_parallel_api() -> None:
+    from pettingzoo.test import parallel_api_test
+
+    for kwargs in (
+        {"scouts": 1},
+        {"masks": "obs"},
+        {"masks": "info", "leave": {"agent_1": 2}},
+    ):
+        parallel_api_test(TinyEnv(**kwargs), num_cycles=20)

@@ -1,0 +1,172 @@
+"""Faults of the adapters' worker processes: an env that raises, hangs or is killed is reported
+with the env's name, the worker index and the original error, and no process is left behind
+(on errors, on Ctrl-C, on close, at exit, and when the main process is killed)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from multiprocessing import shared_memory
+from pathlib import Path
+
+import pytest
+import torch
+from test_adapter_envs import pid_alive, tiny
+
+from mappo.envs import EnvError
+from mappo.envs.adapters import EnvWorkerError, PettingZooAdapter
+
+pytest.importorskip("pettingzoo")
+
+
+def ones(env: PettingZooAdapter) -> dict[str, torch.Tensor]:
+    return {"agent": torch.ones(env.num_envs, 2, dtype=torch.int64)}
+
+
+def wait_until_gone(pids: list[int], seconds: float = 10.0) -> list[int]:
+    """The pids still alive after waiting up to ``seconds`` (normally none, at once)."""
+    deadline = time.monotonic() + seconds
+    while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if pid_alive(p)]
+
+
+def shm_exists(name: str) -> bool:
+    try:
+        block = shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:
+        return False
+    block.close()
+    return True
+
+
+def assert_cleaned_up(pids: list[int], shm_name: str) -> None:
+    assert len(pids) == 2
+    assert wait_until_gone(pids) == []
+    assert not {p.pid for p in multiprocessing.active_children()} & set(pids)
+    assert not shm_exists(shm_name)
+
+
+def started(**kwargs: object) -> tuple[PettingZooAdapter, list[int], str]:
+    """Four copies on two workers (copies 0-1 on worker 0, 2-3 on worker 1), reset."""
+    timeout = kwargs.pop("timeout", 60.0)
+    env = PettingZooAdapter(tiny(**kwargs), num_envs=4, num_workers=2, timeout=timeout, name="tiny")
+    env.reset(seed=0)
+    return env, env.worker_pids, env._buffers.name
+
+
+def test_an_env_that_raises_is_reported_with_its_traceback() -> None:
+    env, pids, shm = started(fault="raise", fault_seed=3)  # copy 3: seed 0 + 3
+    env.step(ones(env))
+    with pytest.raises(EnvWorkerError) as info:
+        env.step(ones(env))
+    err = info.value
+    assert (err.env_name, err.worker, err.env_index) == ("tiny", 1, 3)
+    assert str(err).startswith("tiny: the environment raised RuntimeError: boom at step 2")
+    assert "worker 1" in str(err) and "copy 3" in str(err)
+    assert "test_adapter_envs.py" in err.remote_traceback and "in step" in err.remote_traceback
+    assert_cleaned_up(pids, shm)
+    with pytest.raises(EnvError, match="closed after an error"):
+        env.step(ones(env))
+
+
+def test_a_hanging_env_is_reported_after_the_timeout_with_its_stack() -> None:
+    env, pids, shm = started(fault="hang", fault_seed=0, timeout=2.0)
+    env.step(ones(env))
+    with pytest.raises(EnvWorkerError, match="worker 0 .* did not finish step within 2 s") as info:
+        env.step(ones(env))
+    if hasattr(signal, "SIGUSR1"):
+        assert "_hang_forever" in info.value.remote_traceback
+    assert_cleaned_up(pids, shm)
+
+
+def test_a_killed_worker_is_reported() -> None:
+    env, pids, shm = started()
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(EnvWorkerError, match="tiny: worker 1 .* was killed by SIGKILL") as info:
+        env.step(ones(env))
+    assert info.value.worker == 1
+    assert_cleaned_up(pids, shm)
+
+
+def test_ctrl_c_during_a_step_stops_the_workers() -> None:
+    env, pids, shm = started(fault="hang", fault_seed=2)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        env.step(ones(env))
+        with pytest.raises(KeyboardInterrupt):
+            env.step(ones(env))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert_cleaned_up(pids, shm)
+
+
+def test_close_and_the_context_manager_end_the_workers() -> None:
+    with PettingZooAdapter(tiny(), num_envs=2, envs_per_worker=1) as env:
+        pids, shm = env.worker_pids, env._buffers.name
+        assert env.num_workers == 2 and all(pid_alive(p) for p in pids)
+        env.reset()
+        env.step(ones(env))
+    assert_cleaned_up(pids, shm)
+    env.close()  # idempotent
+
+
+SCRIPT = """
+import os, signal, sys
+from mappo.envs.adapters import PettingZooAdapter
+from test_adapter_envs import tiny
+
+if __name__ == "__main__":
+    env = PettingZooAdapter(tiny(), num_envs=2, num_workers=2)
+    env.reset()
+    print(*env.worker_pids, env._buffers.name, flush=True)
+    if sys.argv[1] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    # "exit": leave without close()
+"""
+
+
+def test_no_worker_outlives_the_main_process(tmp_path: Path) -> None:
+    """At a normal exit without close(), and when the main process is killed with SIGKILL."""
+    script = tmp_path / "main.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    tests = str(Path(__file__).parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    env["OMP_NUM_THREADS"] = "1"
+    runs = {
+        mode: subprocess.Popen(
+            [sys.executable, str(script), mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for mode in ("exit", "kill")
+    }
+    for mode, proc in runs.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == (0 if mode == "exit" else -signal.SIGKILL), err
+        *words, shm = out.split()
+        pids = [int(p) for p in words]
+        if mode == "exit":
+            assert_cleaned_up(pids, shm)
+            assert "Traceback" not in err and "leaked" not in err and "ignored" not in err, err
+        else:
+            # The workers see the main process die and exit; the shared memory is reclaimed
+            # by multiprocessing's resource tracker once they are gone.
+            assert wait_until_gone(pids) == []
+            deadline = time.monotonic() + 10
+            while shm_exists(shm) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not shm_exists(shm)

@@ -1,0 +1,423 @@
+"""The PettingZoo and Gymnasium adapters: equivalence with the wrapped envs, groups, masks,
+death masking, malformed output, config names and missing packages.
+
+Fault handling of worker processes (raise, hang, kill) is in ``test_adapter_faults.py``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_adapter_envs import TinyEnv, tiny
+
+from mappo.envs import ActionError, EnvError, make
+from mappo.envs.adapters import (
+    EnvOutputError,
+    EnvWorkerError,
+    GymnasiumAdapter,
+    PettingZooAdapter,
+)
+
+mpe2 = pytest.importorskip("mpe2")
+from mpe2 import simple_spread_v3  # noqa: E402
+
+
+def random_actions(env, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Uniform actions ``[E, n, k]`` for every group, respecting the current masks."""
+    out = {}
+    for name, group in env.spec.groups.items():
+        heads = [
+            torch.randint(0, n, (env.num_envs, group.num_agents, 1), generator=generator)
+            for n in group.action.nvec
+        ]
+        out[name] = torch.cat(heads, dim=-1)
+    return out
+
+
+# -- equivalence with the wrapped env ------------------------------------------------------------
+@pytest.mark.parametrize(("num_workers", "global_state"), [(0, "auto"), (2, "env")])
+def test_spread_matches_a_direct_loop_step_for_step(num_workers: int, global_state: str) -> None:
+    """Same seeds and actions: the adapter's output equals stepping the mpe2 envs by hand,
+    across an auto-reset (the episode limit of Spread is 25 steps). The global state is mpe2's
+    ``state()`` (``"env"``) or the same values joined by the adapter (``"auto"``)."""
+    num_envs, seed, steps = 4, 7, 30
+    env = make(
+        "pettingzoo:mpe2.simple_spread_v3",
+        num_envs=num_envs,
+        seed=seed,
+        num_workers=num_workers,
+        global_state=global_state,
+    )
+    assert env.num_workers == num_workers
+    assert list(env.spec.groups) == ["agent"]
+    assert env.spec.groups["agent"].obs_shape == (18,)
+    assert env.spec.state_shape == (54,)
+    assert env.spec.episode_limit == 25
+    agents = env.spec.groups["agent"].agents
+
+    direct = [simple_spread_v3.parallel_env() for _ in range(num_envs)]
+    first = [d.reset(seed=seed + i)[0] for i, d in enumerate(direct)]
+    out = env.reset()
+    expected = np.stack([[first[i][a] for a in agents] for i in range(num_envs)])
+    np.testing.assert_array_equal(out.obs["agent"].numpy(), expected)
+    np.testing.assert_array_equal(out.state.numpy(), np.stack([d.state() for d in direct]))
+
+    rng = np.random.default_rng(0)
+    for t in range(steps):
+        acts = rng.integers(0, 5, size=(num_envs, 3))
+        out = env.step({"agent": torch.as_tensor(acts)})
+        for i, d in enumerate(direct):
+            obs, rew, term, trunc, _ = d.step({a: int(acts[i, j]) for j, a in enumerate(agents)})
+            final_obs = np.stack([obs[a] for a in agents])
+            np.testing.assert_array_equal(out.final_obs["agent"][i].numpy(), final_obs)
+            np.testing.assert_allclose(
+                out.reward["agent"][i].numpy(), [rew[a] for a in agents], rtol=1e-6
+            )
+            assert bool(out.truncated[i]) == all(trunc.values())
+            assert not bool(out.terminated[i])
+            if not d.agents:
+                assert t + 1 == 25
+                np.testing.assert_array_equal(out.final_state[i].numpy(), d.state())
+                assert out.stats["episode_length"][i] == 25
+                obs, _ = d.reset()
+            np.testing.assert_array_equal(
+                out.obs["agent"][i].numpy(), np.stack([obs[a] for a in agents])
+            )
+            np.testing.assert_array_equal(out.state[i].numpy(), d.state())
+        assert bool(out.alive["agent"].all())
+    env.close()
+
+
+def test_same_seed_replays_and_reset_continues_the_rng() -> None:
+    a = PettingZooAdapter("mpe2.simple_spread_v3", num_envs=3, seed=1, num_workers=0)
+    b = PettingZooAdapter("mpe2.simple_spread_v3", num_envs=3, seed=1, num_workers=0)
+    first = a.reset().obs["agent"]
+    assert torch.equal(first, b.reset().obs["agent"])
+    assert not torch.equal(first[0], first[1])  # copy i is seeded seed + i
+    assert torch.equal(a.reset(seed=1).obs["agent"], first)
+    assert not torch.equal(a.reset().obs["agent"], first)  # a None seed continues the RNG
+    assert torch.equal(a.reset(seed=5).obs["agent"], b.reset(seed=5).obs["agent"])
+
+
+def test_config_names_pass_keyword_arguments_through() -> None:
+    env = make(
+        "pettingzoo:mpe2.simple_spread_v3:parallel_env",
+        num_envs=2,
+        num_workers=0,
+        N=2,
+        max_cycles=4,
+    )
+    assert env.spec.groups["agent"].agents == ("agent_0", "agent_1")
+    assert env.spec.groups["agent"].obs_shape == (12,)
+    assert env.spec.episode_limit == 4
+    env.reset()
+    for _ in range(3):
+        out = env.step({"agent": torch.zeros(2, 2, 1, dtype=torch.int64)})
+        assert not bool(out.done.any())
+    out = env.step({"agent": torch.zeros(2, 2, dtype=torch.int64)})
+    assert bool(out.truncated.all()) and not bool(out.terminated.any())
+    assert out.stats["episode_length"].tolist() == [4.0, 4.0]
+    env.close()
+
+    env = make("pettingzoo:mpe2.simple_spread_v3", num_envs=1, num_workers=0, episode_limit=3)
+    assert env.spec.episode_limit == 3  # an adapter option, not an env argument
+
+
+def test_bad_inputs_are_clear_errors() -> None:
+    env = PettingZooAdapter(tiny(), num_envs=2, num_workers=0)
+    with pytest.raises(EnvError, match="call reset"):
+        env.step({"agent": torch.zeros(2, 2, dtype=torch.int64)})
+    env.reset()
+    with pytest.raises(ActionError, match="shape"):
+        env.step({"agent": torch.zeros(2, 3, dtype=torch.int64)})
+    with pytest.raises(ActionError, match="out of range"):
+        env.step({"agent": torch.full((2, 2), 4, dtype=torch.int64)})
+    with pytest.raises(NotImplementedError, match="state injection"):
+        env.get_state()
+    with pytest.raises(EnvError, match="num_workers=5 is more than num_envs=2"):
+        PettingZooAdapter(tiny(), num_envs=2, num_workers=5)
+    with pytest.raises(EnvError, match="set only one of num_workers and envs_per_worker"):
+        PettingZooAdapter(tiny(), num_envs=8, num_workers=3, envs_per_worker=4)
+    with pytest.raises(EnvError, match="Discrete and MultiDiscrete"):
+        PettingZooAdapter(tiny(box_actions=True), num_envs=1, num_workers=0)
+    with pytest.raises(EnvError, match="bad parameter"):
+        PettingZooAdapter(tiny(no_such_argument=1), num_envs=1, num_workers=0)
+    with pytest.raises(EnvError, match="episode_limit=<steps>"):
+        PettingZooAdapter(_NoLimitEnv, num_envs=1, num_workers=0)
+    with pytest.raises(EnvError, match="picklable"):
+        PettingZooAdapter(lambda: TinyEnv(), num_envs=2, num_workers=1)
+
+
+class _NoLimitEnv(TinyEnv):
+    def __init__(self) -> None:
+        super().__init__()
+        self.max_cycles = None
+
+
+# -- groups ----------------------------------------------------------------------------------------
+def test_heterogeneous_agents_are_grouped_by_spaces() -> None:
+    env = make("pettingzoo:mpe2.simple_speaker_listener_v4", num_envs=2, num_workers=0)
+    groups = env.spec.groups
+    assert list(groups) == ["speaker", "listener"]
+    assert groups["speaker"].obs_shape == (3,) and groups["speaker"].action.nvec == (3,)
+    assert groups["listener"].obs_shape == (11,) and groups["listener"].action.nvec == (5,)
+    out = env.reset()
+    assert out.obs["speaker"].shape == (2, 1, 3) and out.obs["listener"].shape == (2, 1, 11)
+    out = env.step(random_actions(env, torch.Generator().manual_seed(0)))
+    assert out.reward["speaker"].shape == (2, 1)
+
+    env = make("pettingzoo:mpe2.simple_adversary_v3", num_envs=1, num_workers=0)
+    assert {g: s.agents for g, s in env.spec.groups.items()} == {
+        "adversary": ("adversary_0",),
+        "agent": ("agent_0", "agent_1"),
+    }
+
+
+def test_group_names_fall_back_and_multidiscrete_actions() -> None:
+    # Two groups whose agents share the prefix "agent": named group_0 and group_1.
+    env = PettingZooAdapter(tiny(n_agents=3, odd_one=True, scouts=1), num_envs=2, num_workers=0)
+    groups = env.spec.groups
+    assert {g: s.agents for g, s in groups.items()} == {
+        "group_0": ("agent_0", "agent_1"),
+        "group_1": ("agent_2",),
+        "scout": ("scout_0",),
+    }
+    assert groups["scout"].action.nvec == (2, 3) and groups["group_1"].obs_shape == (5,)
+    # No state() in the env: the state is every group's observations, joined.
+    assert env.spec.state_shape == (2 * 4 + 5 + 5,)
+    env.reset()
+    actions = {
+        "group_0": torch.tensor([[[1], [2]], [[3], [0]]]),
+        "group_1": torch.tensor([[[1]], [[2]]]),
+        "scout": torch.tensor([[[1, 2]], [[0, 1]]]),
+    }
+    out = env.step(actions)
+    # TinyEnv's observation is [t, agent index, sum of the last action, noise].
+    assert out.obs["scout"][:, 0, 2].tolist() == [3.0, 1.0]
+    assert out.obs["group_0"][:, :, 2].tolist() == [[1.0, 2.0], [3.0, 0.0]]
+    assert out.reward["scout"][:, 0].tolist() == pytest.approx([0.3 + 3, 0.1 + 3])
+    joined = torch.cat([out.obs[g].flatten(1) for g in groups], dim=1)
+    assert torch.equal(out.state, joined)
+
+
+def test_user_groups_and_their_checks() -> None:
+    groups = {"first": ["agent_0"], "rest": ["agent_1", "agent_2"]}
+    env = make("pettingzoo:mpe2.simple_spread_v3", num_envs=1, num_workers=0, groups=groups)
+    assert {g: s.agents for g, s in env.spec.groups.items()} == {
+        "first": ("agent_0",),
+        "rest": ("agent_1", "agent_2"),
+    }
+    out = env.reset()
+    assert out.obs["rest"].shape == (1, 2, 18)
+    name = "pettingzoo:mpe2.simple_adversary_v3"
+    for bad, message in (
+        ({"a": ["adversary_0", "agent_0", "agent_1"]}, "mixes agents with different spaces"),
+        ({"a": ["adversary_0"], "b": ["agent_0"]}, r"agents \['agent_1'\] are in no group"),
+        ({"a": ["adversary_0", "spy_0"], "b": ["agent_0", "agent_1"]}, "does not have"),
+        ({"a": ["adversary_0"], "b": ["agent_0", "agent_1", "agent_0"]}, "exactly one group"),
+    ):
+        with pytest.raises(EnvError, match=message):
+            make(name, num_envs=1, num_workers=0, groups=bad)
+
+
+# -- masks and death masking -------------------------------------------------------------------
+@pytest.mark.parametrize("masks", ["obs", "info"])
+def test_action_masks_come_from_observations_or_infos(masks: str) -> None:
+    env = PettingZooAdapter(tiny(masks=masks, scouts=1), num_envs=2, num_workers=0)
+    assert env.spec.groups["agent"].has_action_mask
+    assert env.spec.groups["agent"].obs_shape == (4,)  # the mask is not in the observation
+    out = env.reset()
+    # t = 0: even actions allowed (and 0 always).
+    assert out.action_mask["agent"][0, 0].tolist() == [True, False, True, False]
+    assert out.action_mask["scout"][0, 0].tolist() == [True, False, True, False, True]
+    zeros = {
+        g: torch.zeros(2, s.num_agents, s.action.num_heads, dtype=torch.int64)
+        for g, s in env.spec.groups.items()
+    }
+    out = env.step(zeros)
+    assert out.action_mask["agent"][1, 1].tolist() == [True, True, False, True]
+    forbidden = dict(zeros, agent=torch.full((2, 2, 1), 2, dtype=torch.int64))
+    with pytest.raises(ActionError, match="not allowed by its action mask"):
+        env.step(forbidden)
+    env.validate_actions = False
+    env.step(forbidden)  # the trainer's hot loop: no checks
+
+
+def test_an_agent_that_leaves_is_dead_until_the_episode_ends() -> None:
+    env = PettingZooAdapter(tiny(leave={"agent_1": 2}, max_cycles=4), num_envs=2, num_workers=0)
+    env.reset()
+    ones = {"agent": torch.ones(2, 2, dtype=torch.int64)}
+    out = env.step(ones)
+    assert out.alive["agent"].all()
+    out = env.step(ones)  # agent_1 terminates in this step: its last reward counts
+    assert out.alive["agent"][:, 0].all() and not out.alive["agent"][:, 1].any()
+    assert out.reward["agent"][0].tolist() == pytest.approx([0.1, 1.1])
+    assert (out.obs["agent"][:, 1] == 0).all() and not bool(out.done.any())
+    out = env.step(ones)
+    assert not out.alive["agent"][:, 1].any() and (out.obs["agent"][:, 1] == 0).all()
+    assert out.reward["agent"][0].tolist() == pytest.approx([0.1, 0.0])
+    out = env.step(ones)  # agent_0 is truncated at the limit: the episode is over
+    assert out.truncated.all() and not out.terminated.any()
+    assert out.alive["agent"].all() and (out.obs["agent"][:, :, 0] == 0).all()  # new episode
+    assert (out.final_obs["agent"][:, 0, 0] == 4).all()  # agent_0's last observation
+    assert (out.final_obs["agent"][:, 1] == 0).all()
+    expected_return = (4 * 0.1 + 2 * 1.1) / 2  # summed over steps, averaged over agents
+    assert out.stats["episode_return"].tolist() == pytest.approx([expected_return] * 2)
+
+
+def test_an_episode_that_every_agent_leaves_is_terminated() -> None:
+    leave = {"agent_0": 3, "agent_1": 2}
+    env = PettingZooAdapter(tiny(leave=leave, max_cycles=10), num_envs=1, num_workers=0)
+    env.reset()
+    ones = {"agent": torch.ones(1, 2, dtype=torch.int64)}
+    assert [bool(env.step(ones).terminated) for _ in range(3)] == [False, False, True]
+
+
+def test_the_episode_limit_truncates_an_env_that_reports_termination() -> None:
+    leave = {"agent_0": 3, "agent_1": 3}
+    for truncate_at_limit, expected in ((True, "truncated"), (False, "terminated")):
+        env = PettingZooAdapter(
+            tiny(leave=leave),
+            num_envs=1,
+            num_workers=0,
+            episode_limit=3,
+            truncate_at_limit=truncate_at_limit,
+        )
+        env.reset()
+        for _ in range(3):
+            out = env.step({"agent": torch.ones(1, 2, dtype=torch.int64)})
+        assert bool(getattr(out, expected)) and bool(out.done)
+
+
+# -- malformed output --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("nan", "agent 'agent_1' in copy 0 of the batch returned a reward with NaN"),
+        ("shape", r"agent 'agent_0' in copy 0 of the batch returned an observation of shape"),
+        ("unknown_agent", "agent 'ghost_0' .* is not one of the env's possible_agents"),
+    ],
+)
+def test_malformed_output_is_refused_with_agent_and_env_names(fault: str, message: str) -> None:
+    env = PettingZooAdapter(tiny(fault=fault), num_envs=1, num_workers=0, name="tiny")
+    env.reset()
+    env.step({"agent": torch.ones(1, 2, dtype=torch.int64)})
+    with pytest.raises(EnvOutputError, match=message) as info:
+        env.step({"agent": torch.ones(1, 2, dtype=torch.int64)})
+    assert info.value.env_name == "tiny" and str(info.value).startswith("tiny: ")
+    with pytest.raises(EnvError, match="closed after an error"):
+        env.reset()
+
+
+def test_an_env_error_in_process_names_the_copy_and_keeps_the_traceback() -> None:
+    env = PettingZooAdapter(tiny(fault="raise", fault_seed=11), num_envs=3, seed=10, num_workers=0)
+    env.reset()
+    env.step({"agent": torch.ones(3, 2, dtype=torch.int64)})
+    with pytest.raises(
+        EnvWorkerError, match="RuntimeError: boom at step 2 in step in copy 1"
+    ) as info:
+        env.step({"agent": torch.ones(3, 2, dtype=torch.int64)})
+    assert info.value.env_index == 1 and info.value.worker is None
+    assert "test_adapter_envs.py" in info.value.remote_traceback
+
+
+# -- Gymnasium multi-agent envs ----------------------------------------------------------------
+def test_lbf_runs_through_the_gymnasium_adapter() -> None:
+    pytest.importorskip("lbforaging")
+    env = make("gymnasium:lbforaging:Foraging-8x8-2p-2f-v3", num_envs=2, seed=3, num_workers=1)
+    assert isinstance(env, GymnasiumAdapter)
+    group = env.spec.groups["agent"]
+    assert group.agents == ("agent_0", "agent_1") and group.action.nvec == (6,)
+    assert group.obs_shape == (12,) and env.spec.episode_limit == 50
+    env.reset()
+    gen = torch.Generator().manual_seed(0)
+    ended, total = 0, 0.0
+    for _ in range(200):
+        out = env.step(random_actions(env, gen))
+        ended += int(out.done.sum())
+        total += float(out.reward["agent"].sum())
+        assert torch.isfinite(out.obs["agent"]).all()
+        # LBF ends an episode when the food is gone (terminated) or after 50 steps.
+        lengths = out.stats["episode_length"][out.done]
+        assert ((lengths == 50) == out.truncated[out.done]).all()
+    assert ended >= 8 and total >= 0
+    env.close()
+
+
+def test_lbf_replays_with_the_same_seed() -> None:
+    pytest.importorskip("lbforaging")
+    runs = []
+    for _ in range(2):
+        env = GymnasiumAdapter(
+            "lbforaging:Foraging-8x8-2p-2f-v3", num_envs=2, seed=4, num_workers=0
+        )
+        obs = [env.reset().obs["agent"]]
+        actions = torch.tensor([[[1], [4]], [[2], [3]]])
+        obs += [env.step({"agent": actions}).obs["agent"] for _ in range(60)]
+        runs.append(torch.stack(obs))
+    assert torch.equal(runs[0], runs[1])
+
+
+def test_rware_runs_through_the_gymnasium_adapter() -> None:
+    pytest.importorskip("rware")
+    env = make("gymnasium:rware:rware-tiny-2ag-v2", num_envs=2, num_workers=0, max_steps=120)
+    group = env.spec.groups["agent"]
+    assert group.agents == ("agent_0", "agent_1") and group.obs_shape == (71,)
+    assert group.action.nvec == (5,) and env.spec.episode_limit == 120
+    env.reset(seed=0)
+    gen = torch.Generator().manual_seed(1)
+    dones = []
+    for _ in range(300):
+        out = env.step(random_actions(env, gen))
+        dones.append(out.done)
+        assert torch.isfinite(out.reward["agent"]).all()
+    dones = torch.stack(dones)
+    # RWARE signals its step limit as terminated=True; the adapter reports a truncation.
+    assert dones.sum(0).tolist() == [2, 2] and dones[119].all() and dones[239].all()
+
+
+def test_a_gymnasium_env_without_tuple_spaces_is_refused() -> None:
+    with pytest.raises(EnvError, match="gymnasium.spaces.Tuple"):
+        GymnasiumAdapter("CartPole-v1", num_envs=1, num_workers=0)
+
+
+# -- missing packages --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "modules", "extra"),
+    [
+        ("gymnasium:lbforaging:Foraging-8x8-2p-2f-v3", ["lbforaging"], "lbf"),
+        ("gymnasium:rware:rware-tiny-2ag-v2", ["rware"], "rware"),
+        ("pettingzoo:mpe2.simple_spread_v3", ["mpe2", "mpe2.simple_spread_v3"], "pettingzoo"),
+    ],
+)
+def test_a_missing_package_names_the_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch, name: str, modules: list[str], extra: str
+) -> None:
+    for module in modules:
+        monkeypatch.setitem(sys.modules, module, None)  # makes the import fail
+    with pytest.raises(EnvError, match=rf"pip install 'mappo\[{extra}\]'"):
+        make(name, num_envs=1, num_workers=0)
+
+
+def test_unknown_modules_are_reported_plainly() -> None:
+    with pytest.raises(EnvError, match="pip install no_such_package_xyz"):
+        make("pettingzoo:no_such_package_xyz.env_v0", num_envs=1, num_workers=0)
+    with pytest.raises(EnvError, match="there is no module 'mpe2.no_such_env'"):
+        make("pettingzoo:mpe2.no_such_env", num_envs=1, num_workers=0)
+
+
+def test_the_python_example_in_the_docs_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    text = (Path(__file__).parents[1] / "docs" / "custom_envs.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    namespace: dict = {}
+    exec(compile(block, "custom_envs.md", "exec"), namespace)
+    printed = capsys.readouterr().out.strip()
+    assert f"# {printed}" in block  # the output shown in the docs
+    step = namespace["step"]
+    assert step.obs["agent"].shape == (8, 2, 10) and step.obs["adversary"].shape == (8, 1, 8)
+    assert namespace["env"].spec.episode_limit == 50
