@@ -96,6 +96,15 @@ def test_bench_env_json_rows(capsys):
     assert all(r["steps_per_second"] > 0 for r in rows)
 
 
+def test_eval_scripted_baseline(capsys):
+    code, out, _ = _run(capsys, "eval", "smac/3m", "--scripted", "--episodes", "4", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["algo"] == "scripted" and 0.0 <= result["win_rate"] <= 1.0
+    code, _, err = _run(capsys, "eval", "smac/3q", "--scripted")
+    assert code == 2 and "unknown SMAC map '3q'" in err
+
+
 def test_render_random_episode(tmp_path, capsys):
     gif = tmp_path / "spread.gif"
     code, out, _ = _run(capsys, "render", "mpe/simple_spread", "--gif", str(gif), "--steps", "5")

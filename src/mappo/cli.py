@@ -67,11 +67,32 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_result(result: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result))
+        return
+    for k, v in result.items():
+        print(f"{k:22s} {v:.3f}" if isinstance(v, float) else f"{k:22s} {v}")
+
+
+def cmd_eval_scripted(args: argparse.Namespace) -> int:
+    from mappo.envs.smac.maps import get_map
+    from mappo.envs.smac.scripted import evaluate_scripted
+
+    name = args.path.removeprefix("smac/")
+    get_map(name)  # an unknown map is a one-line error naming the nearest one
+    result = evaluate_scripted(name, episodes=args.episodes, seed=args.seed, device=args.device)
+    _print_result({"task": f"smac/{name}", "algo": "scripted", **result}, args.json)
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from mappo.api import load_policy
     from mappo.envs.registry import make
     from mappo.trainer import evaluate
 
+    if args.scripted:
+        return cmd_eval_scripted(args)
     policy = load_policy(args.path, device=args.device)
     cfg = policy.config
     env = make(
@@ -91,11 +112,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             frames = record_episode(single, lambda step: policy.act(step))
         save_gif(frames, args.gif)
         result["gif"] = str(args.gif)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:22s} {v:.3f}" if isinstance(v, float) else f"{k:22s} {v}")
+    _print_result(result, args.json)
     return 0
 
 
@@ -162,13 +179,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("eval", help="evaluate a trained run or checkpoint")
-    e.add_argument("path", help="run directory or checkpoint file")
+    e.add_argument("path", help="run directory or checkpoint file (a map with --scripted)")
     e.add_argument("--episodes", type=int, default=32, help="evaluation episodes (default 32)")
     e.add_argument("--seed", type=int, default=12345)
     e.add_argument("--device", default="cpu")
     e.add_argument("--sample", action="store_true", help="sample actions instead of greedy")
     e.add_argument("--gif", type=Path, help="also render one episode to this GIF file")
     e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument(
+        "--scripted",
+        action="store_true",
+        help="evaluate the scripted baseline (attack the closest enemy) on PATH = smac/<map>",
+    )
     e.set_defaults(func=cmd_eval)
 
     r = sub.add_parser("render", help="render an episode of random actions to a GIF")
