@@ -69,8 +69,10 @@ def _collected(overrides: dict) -> Trainer:
     return trainer
 
 
-@pytest.mark.parametrize("chunk", [5, 10, 13])
-def test_chunked_training_forward_reproduces_the_rollout(chunk):
+@pytest.mark.parametrize(
+    ("recurrent", "chunk"), [("gru", 5), ("gru", 10), ("lstm", 13), ("none", 1)]
+)
+def test_chunked_training_forward_reproduces_the_rollout(recurrent, chunk):
     """The first forward pass of an update, on chunks starting from stored recurrent states (also
     across env boundaries and episodes that end mid-chunk), gives the rollout's own log-probs and
     values."""
@@ -80,12 +82,12 @@ def test_chunked_training_forward_reproduces_the_rollout(chunk):
             "env.kwargs": {"terminate_early": True, "masks": True, "deaths": True},
             "rollout_length": 13,
             "algo.data_chunk_length": chunk,
-            "model.recurrent": "gru",
+            "model.recurrent": recurrent,
             "algo.critic_input": "local",
         }
     )
     policy, cfg = trainer.policy, trainer.cfg
-    samples = make_samples(policy, trainer.collector.rollout, cfg.algo, recurrent=True)
+    samples = make_samples(policy, trainer.collector.rollout, cfg.algo, recurrent != "none")
     s = samples.groups["agents"]
     dist, _ = policy.actors["agents"](
         s.obs, s.actor_state, samples.starts, s.action_mask, s.actor_inject
