@@ -117,12 +117,3 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Policy:
         model = ActorCritic(spec, cfg.model, cfg.algo)
     model.load_state_dict(ckpt["policy"])
     return Policy(model.to(dev), spec, cfg, dev)
-
-
-def checkpoint_config(path: str | Path) -> tuple[config_mod.TrainConfig, Path]:
-    """The config of a run directory or checkpoint, and the checkpoint file itself."""
-    path = Path(path)
-    if path.is_dir():
-        path = latest_checkpoint(path)
-    ckpt = load_checkpoint(path)
-    return config_mod.from_dict(ckpt["config"]), path

@@ -143,8 +143,9 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def latest_checkpoint(run_dir: Path) -> Path:
+def latest_checkpoint(run_dir: str | Path) -> Path:
     """The newest complete checkpoint of a run directory."""
+    run_dir = Path(run_dir)
     ckpts = sorted((run_dir / "checkpoints").glob("iter_*.pt"))
     if not ckpts:
         raise CheckpointError(
