@@ -213,10 +213,10 @@ class Collector:
                 buf.values[T] = critic(x, self.critic_states[name], starts)[0][0]
                 continue
             no_state = self.critic_states[name]
-            every = torch.zeros(1, ro.starts.shape[1], dtype=torch.bool, device=starts.device)
-            buf.values[:T] = critic(buf.critic_x, no_state, every.expand(T, -1))[0]
-            buf.values[T] = critic(x, no_state, every)[0][0]
+            no_starts = torch.zeros(1, ro.starts.shape[1], dtype=torch.bool, device=starts.device)
+            buf.values[:T] = critic(buf.critic_x, no_state, no_starts.expand(T, -1))[0]
+            buf.values[T] = critic(x, no_state, no_starts)[0][0]
             if self.bootstrap:
                 finals = torch.stack(final_x[name])
-                buf.final_values.copy_(critic(finals, no_state, every.expand(T, -1))[0])
+                buf.final_values.copy_(critic(finals, no_state, no_starts.expand(T, -1))[0])
         return ro
