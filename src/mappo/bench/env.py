@@ -1,11 +1,13 @@
 """Environment throughput: env steps per second of batched envs, and of the PettingZoo MPE.
 
 One env step is every agent of one env acting once, so a batched step of ``E`` envs counts ``E``
-env steps. Actions are random and valid: for envs without action masks they are drawn before the
-clock starts (a ring of pre-generated batches on the device), so sampling is not timed; for envs
-with masks each step samples uniformly among the allowed actions with one on-device
-``argmax(uniform noise * mask)`` per head, which is timed. The per-step action checks are off
-(``validate_actions = False``), as in the trainer's hot loop; auto-resets are included.
+env steps. Actions are random and valid, and the random numbers are drawn before the clock starts
+(a ring of pre-generated batches on the device), so random number generation is not timed: envs
+without action masks cycle through pre-drawn actions; envs with masks cycle through pre-drawn
+uniform noise and pick, per head, the allowed action with the largest noise (one on-device
+``argmax(noise * mask)`` per head, which is timed, since it depends on the step's mask). The
+per-step action checks are off (``validate_actions = False``), as in the trainer's hot loop;
+auto-resets are included.
 
 The reference row steps ``mpe2.simple_spread_v3.parallel_env()`` (PettingZoo MPE, default
 settings) one env at a time in a Python loop with pre-drawn random actions, resetting when the
@@ -23,8 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mappo.envs import BatchedEnv, make
-from mappo.envs.rendering import random_actions
+from mappo.envs import BatchedEnv, EnvStep, make
+from mappo.envs.rendering import masked_choice
 
 ACTION_RING = 32
 """Pre-generated action batches per env for unmasked envs (cycled through)."""
@@ -52,6 +54,32 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _ring_of_noise(env: BatchedEnv, gen: torch.Generator) -> list[dict[str, Tensor]]:
+    """``ACTION_RING`` batches of uniform noise ``[E, n, sum(nvec)]`` per group, on the device,
+    for drawing masked actions with :func:`masked_choice`."""
+    return [
+        {
+            name: torch.rand(
+                env.num_envs,
+                group.num_agents,
+                sum(group.action.nvec),
+                device=env.device,
+                generator=gen,
+            )
+            for name, group in env.spec.groups.items()
+        }
+        for _ in range(ACTION_RING)
+    ]
+
+
+def _masked_actions(env: BatchedEnv, step: EnvStep, noise: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Uniformly random allowed actions ``[E, n, k]`` per group from pre-drawn ``noise``."""
+    return {
+        name: masked_choice(noise[name], step.action_mask[name], group.action.nvec)
+        for name, group in env.spec.groups.items()
+    }
+
+
 @torch.no_grad()
 def bench_batched(name: str, num_envs: int, seconds: float, device: str = "cpu") -> float:
     """Env steps per second of the batched env ``name`` with ``num_envs`` envs."""
@@ -60,17 +88,21 @@ def bench_batched(name: str, num_envs: int, seconds: float, device: str = "cpu")
     gen = torch.Generator(device=env.device)
     gen.manual_seed(0)
     masked = any(g.has_action_mask for g in env.spec.groups.values())
-    ring = [] if masked else _ring_of_actions(env, gen)
+    ring = _ring_of_noise(env, gen) if masked else _ring_of_actions(env, gen)
+
+    def act(step: EnvStep, i: int) -> dict[str, Tensor]:
+        return _masked_actions(env, step, ring[i]) if masked else ring[i]
+
     step = env.reset(seed=0)
     # Warm-up: first calls allocate and (on CUDA) initialise kernels.
     for i in range(10):
-        step = env.step(random_actions(env, step, gen) if masked else ring[i % ACTION_RING])
+        step = env.step(act(step, i % ACTION_RING))
     _sync(env.device)
     count = 0
     start = time.perf_counter()
     while True:
-        for _ in range(ACTION_RING):
-            step = env.step(random_actions(env, step, gen) if masked else ring[count % ACTION_RING])
+        for i in range(ACTION_RING):
+            step = env.step(act(step, i))
             count += 1
         _sync(env.device)
         elapsed = time.perf_counter() - start

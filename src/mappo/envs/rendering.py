@@ -34,18 +34,26 @@ def random_actions(env: BatchedEnv, step: EnvStep, generator: torch.Generator) -
     for name, group in env.spec.groups.items():
         mask = step.action_mask.get(name)
         shape = (env.num_envs, group.num_agents)
-        heads = []
-        offset = 0
-        for size in group.action.nvec:
-            if mask is None:
-                head = torch.randint(0, size, shape, device=env.device, generator=generator)
-            else:
-                noise = torch.rand(*shape, size, device=env.device, generator=generator)
-                head = (noise * mask[..., offset : offset + size]).argmax(-1)
-            heads.append(head)
-            offset += size
-        actions[name] = torch.stack(heads, dim=-1)
+        if mask is None:
+            heads = [
+                torch.randint(0, size, shape, device=env.device, generator=generator)
+                for size in group.action.nvec
+            ]
+            actions[name] = torch.stack(heads, dim=-1)
+        else:
+            noise = torch.rand(*mask.shape, device=env.device, generator=generator)
+            actions[name] = masked_choice(noise, mask, group.action.nvec)
     return actions
+
+
+def masked_choice(noise: Tensor, mask: Tensor, nvec: Sequence[int]) -> Tensor:
+    """Actions ``[..., len(nvec)]`` (int64): per head, the allowed action with the largest
+    ``noise``; ``noise`` and ``mask`` are ``[..., sum(nvec)]`` (uniform noise in [0, 1) gives a
+    uniform draw among the allowed actions)."""
+    scores = noise * mask
+    if len(nvec) == 1:
+        return scores.argmax(-1, keepdim=True)
+    return torch.stack([part.argmax(-1) for part in scores.split(list(nvec), -1)], dim=-1)
 
 
 def record_episode(

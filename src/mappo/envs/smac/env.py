@@ -198,7 +198,7 @@ class SMACEnv(BatchedEnv):
         self._s: dict[str, Tensor] = {}
         self._mask: Tensor | None = None
         self._spare: dict[str, Tensor] = {}
-        self._spare_view: tuple[Tensor, Tensor, Tensor] | None = None
+        self._spare_view: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
         self._spare_age = 0
         self.reset(seed)
 
@@ -342,7 +342,9 @@ class SMACEnv(BatchedEnv):
 
     def _redraw_spare(self) -> None:
         self._spare = self._initial_state()
-        self._spare_view = self._observe(self._spare)
+        obs, state, mask = self._observe(self._spare)
+        alive = self._spare["health"][:, : self.n_agents] > 0
+        self._spare_view = (obs, state, mask, self._agent_state(state, obs, alive))
         self._spare_age = 0
 
     def get_state(self) -> dict[str, Tensor]:
@@ -433,12 +435,14 @@ class SMACEnv(BatchedEnv):
             "damage_dealt": new["damage_dealt"],
         }
         final_obs, final_state, final_mask = self._observe(new)
+        final_alive = health[:, :n] > 0
+        final_agent_state = self._agent_state(final_state, final_obs, final_alive)
         # Auto-reset by a masked select from the spare battles (no host sync, no branch).
         assert self._spare_view is not None
         after = {k: _select(done, self._spare[k], v) for k, v in new.items()}
-        obs, state, mask = (
-            _select(done, a, b)
-            for a, b in zip(self._spare_view, (final_obs, final_state, final_mask), strict=True)
+        finals = (final_obs, final_state, final_mask, final_agent_state)
+        obs, state, mask, agent_state = (
+            _select(done, a, b) for a, b in zip(self._spare_view, finals, strict=True)
         )
         alive = after["health"][:, :n] > 0
         self._s = after
@@ -454,12 +458,10 @@ class SMACEnv(BatchedEnv):
             truncated=truncated,
             alive={"allies": alive},
             action_mask={"allies": mask},
-            agent_state={"allies": self._agent_state(state, obs, alive)},
+            agent_state={"allies": agent_state},
             final_obs={"allies": final_obs},
             final_state=final_state,
-            final_agent_state={
-                "allies": self._agent_state(final_state, final_obs, health[:, :n] > 0)
-            },
+            final_agent_state={"allies": final_agent_state},
             stats=stats,
         )
 
