@@ -41,8 +41,8 @@ def test_run_env_bench_without_pettingzoo() -> None:
 
 def test_run_env_bench_samples_masked_envs_from_their_masks() -> None:
     # The masked example env of docs/environments.md registers "example/guess_the_color"; the
-    # bench samples its actions from the masks every step (random_actions, tested for masks in
-    # test_rendering.py).
+    # bench picks its actions from the masks every step (masked_choice, which random_actions
+    # uses and test_rendering.py tests for masks).
     docs = Path(__file__).parent.parent / "docs" / "environments.md"
     block = next(
         b
