@@ -193,6 +193,30 @@ def test_bad_names_and_parameters_raise() -> None:
         make("smac/3m", jiter=0.1)
     with pytest.raises(EnvError, match="num_envs"):
         make("smac/3m", num_envs=0)
+    with pytest.raises(EnvError, match="agent_state must be true or false"):
+        make("smac/3m", agent_state="no")
+
+
+def test_agent_state_can_be_left_out() -> None:
+    # Same battles with and without the agent-specific state, across auto-resets.
+    full, lean = (
+        _env("3m", num_envs=8, seed=3),
+        make("smac/3m", num_envs=8, seed=3, agent_state=False),
+    )
+    assert lean.spec.groups["allies"].agent_state_shape is None
+    gen = torch.Generator().manual_seed(0)
+    a, b = full.reset(), lean.reset()
+    assert b.agent_state == {}
+    ended = 0
+    for _ in range(80):
+        actions = _masked_random(full, a, gen)
+        a, b = full.step(actions), lean.step(actions)
+        assert b.agent_state == {} and b.final_agent_state == {}
+        assert torch.equal(a.obs["allies"], b.obs["allies"]) and torch.equal(a.state, b.state)
+        assert torch.equal(a.final_obs["allies"], b.final_obs["allies"])
+        assert torch.equal(a.action_mask["allies"], b.action_mask["allies"])
+        ended += int((a.terminated | a.truncated).sum())
+    assert ended > 0
 
 
 def test_bad_actions_raise() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mappo import config as C
@@ -56,4 +57,22 @@ def test_dead_agents_only_no_op_and_leave_the_loss(tmp_path):
     x = buf.critic_x[dead]
     n = 3
     assert torch.all(x[:, :-n] == 0) and torch.all(x[:, -n:].sum(-1) == 1)
+    trainer.close()
+
+
+def test_state_critic_trains_without_the_agent_specific_state(tmp_path):
+    overrides = {
+        "env.num_envs": 8,
+        "env.kwargs": {"agent_state": False},
+        "rollout_length": 30,
+        "progress": False,
+        "total_env_steps": 480,
+        "algo.epochs": 1,
+        "run_dir": str(tmp_path),
+    }
+    with pytest.raises(ValueError, match="no agent-specific state; set algo.critic_input=state"):
+        Trainer(C.load("smac/3m", overrides))
+    trainer = Trainer(C.load("smac/3m", {**overrides, "algo.critic_input": "state"}))
+    metrics = trainer.iterate()
+    assert trainer.env_steps == 240 and all(v == v for v in metrics.values())  # no NaN
     trainer.close()

@@ -131,6 +131,10 @@ class SMACEnv(BatchedEnv):
         reward_only_positive: SMAC's default ``True``; ``False`` subtracts half the damage and
             deaths the allies take, as SMAC's ``reward_negative_scale=0.5``.
         reward_scale_rate: the maximum episode return after scaling (SMAC's default 20).
+        agent_state: produce the agent-specific state (the MAPPO paper's "AS" critic input).
+            ``False`` leaves it out (``agent_state_shape`` is ``None``): a critic on the global
+            state (``algo.critic_input=state``) or on observations does not need it, and on the
+            larger maps building it is a large share of the step.
     """
 
     def __init__(
@@ -143,6 +147,7 @@ class SMACEnv(BatchedEnv):
         jitter: float = 0.25,
         reward_only_positive: bool = True,
         reward_scale_rate: float = 20.0,
+        agent_state: bool = True,
     ) -> None:
         self.name = f"smac/{map_name}"
         self.map: MapSpec = get_map(map_name)
@@ -162,6 +167,9 @@ class SMACEnv(BatchedEnv):
         self.jitter = float(jitter)
         self.reward_only_positive = bool(reward_only_positive)
         self.reward_scale_rate = float(reward_scale_rate)
+        if not isinstance(agent_state, bool):
+            raise EnvError(f"{self.name}: agent_state must be true or false, got {agent_state!r}")
+        self.with_agent_state = agent_state
 
         ally_types = self.map.ally_units()
         enemy_types = self.map.enemy_units()
@@ -184,7 +192,7 @@ class SMACEnv(BatchedEnv):
                     obs_shape=(self.obs_dim,),
                     action=ActionSpec((self.n_actions,)),
                     has_action_mask=True,
-                    agent_state_shape=(self.state_dim + self.obs_dim + n,),
+                    agent_state_shape=(self.state_dim + self.obs_dim + n,) if agent_state else None,
                 )
             },
             state_shape=(self.state_dim,),
@@ -198,7 +206,7 @@ class SMACEnv(BatchedEnv):
         self._s: dict[str, Tensor] = {}
         self._mask: Tensor | None = None
         self._spare: dict[str, Tensor] = {}
-        self._spare_view: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+        self._spare_view: tuple[Tensor, ...] | None = None
         self._spare_age = 0
         self.reset(seed)
 
@@ -343,8 +351,10 @@ class SMACEnv(BatchedEnv):
     def _redraw_spare(self) -> None:
         self._spare = self._initial_state()
         obs, state, mask = self._observe(self._spare)
-        alive = self._spare["health"][:, : self.n_agents] > 0
-        self._spare_view = (obs, state, mask, self._agent_state(state, obs, alive))
+        self._spare_view = (obs, state, mask)
+        if self.with_agent_state:
+            alive = self._spare["health"][:, : self.n_agents] > 0
+            self._spare_view += (self._agent_state(state, obs, alive),)
         self._spare_age = 0
 
     def get_state(self) -> dict[str, Tensor]:
@@ -408,7 +418,9 @@ class SMACEnv(BatchedEnv):
             truncated=false.clone(),
             alive={"allies": alive},
             action_mask={"allies": mask},
-            agent_state={"allies": self._agent_state(state, obs, alive)},
+            agent_state=(
+                {"allies": self._agent_state(state, obs, alive)} if self.with_agent_state else {}
+            ),
             stats={k: torch.zeros(E, device=self.device) for k in STAT_NAMES},
         )
 
@@ -435,13 +447,13 @@ class SMACEnv(BatchedEnv):
             "damage_dealt": new["damage_dealt"],
         }
         final_obs, final_state, final_mask = self._observe(new)
-        final_alive = health[:, :n] > 0
-        final_agent_state = self._agent_state(final_state, final_obs, final_alive)
+        finals: tuple[Tensor, ...] = (final_obs, final_state, final_mask)
+        if self.with_agent_state:
+            finals += (self._agent_state(final_state, final_obs, health[:, :n] > 0),)
         # Auto-reset by a masked select from the spare battles (no host sync, no branch).
         assert self._spare_view is not None
         after = {k: _select(done, self._spare[k], v) for k, v in new.items()}
-        finals = (final_obs, final_state, final_mask, final_agent_state)
-        obs, state, mask, agent_state = (
+        obs, state, mask, *agent_state = (
             _select(done, a, b) for a, b in zip(self._spare_view, finals, strict=True)
         )
         alive = after["health"][:, :n] > 0
@@ -458,10 +470,10 @@ class SMACEnv(BatchedEnv):
             truncated=truncated,
             alive={"allies": alive},
             action_mask={"allies": mask},
-            agent_state={"allies": agent_state},
+            agent_state={"allies": agent_state[0]} if agent_state else {},
             final_obs={"allies": final_obs},
             final_state=final_state,
-            final_agent_state={"allies": final_agent_state},
+            final_agent_state={"allies": finals[3]} if agent_state else {},
             stats=stats,
         )
 
