@@ -128,6 +128,36 @@ def test_config_names_pass_keyword_arguments_through() -> None:
     assert env.spec.episode_limit == 3  # an adapter option, not an env argument
 
 
+def test_readme_own_env_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The README's "PettingZoo env of your own" module, trained for one update with its command.
+    from mappo import config as C
+    from mappo.trainer import Trainer
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    module = next(
+        b for b in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if "my_envs" in b
+    )
+    (tmp_path / "my_envs.py").write_text(module)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    command = next(line for line in readme.splitlines() if "env.name=pettingzoo:my_envs" in line)
+    assert command.startswith("mappo train pettingzoo/simple_spread env.name=pettingzoo:my_envs")
+    cfg = C.load(
+        "pettingzoo/simple_spread",
+        {
+            "env.name": "pettingzoo:my_envs",
+            "env.kwargs": {"max_cycles": 25, "num_workers": 0},
+            "progress": False,
+            "total_env_steps": 250,
+            "run_dir": str(tmp_path / "runs"),
+        },
+    )
+    trainer = Trainer(cfg)
+    assert trainer.env.spec.groups["agent"].num_agents == 3
+    trainer.iterate()
+    assert trainer.env_steps == 250
+    trainer.close()
+
+
 def test_bad_inputs_are_clear_errors() -> None:
     env = PettingZooAdapter(tiny(), num_envs=2, num_workers=0)
     with pytest.raises(EnvError, match="call reset"):
