@@ -257,6 +257,17 @@ def test_masks_observations_and_state_match_smac(name: str) -> None:
                 assert alive == (st["health"][e, i] > 0)
                 expected = torch.cat((step.state[e] * alive, obs, torch.eye(env.n_agents)[i]))
                 assert torch.equal(agent_state, expected)
+                if step.final_obs is not None:  # the pre-reset one, built when read
+                    assert step.final_state is not None
+                    final_alive = bool(step.final_obs["allies"][e, i].abs().sum() > 0)
+                    expected = torch.cat(
+                        (
+                            step.final_state[e] * final_alive,
+                            step.final_obs["allies"][e, i],
+                            torch.eye(env.n_agents)[i],
+                        )
+                    )
+                    assert torch.equal(step.final_agent_state["allies"][e, i], expected)
                 checked_dead |= not alive
                 checked_attack |= any(mask[6:])
         step = env.step(_masked_random(env, step, gen))

@@ -183,6 +183,9 @@ RESUME = {
     "algo.num_minibatches": 2,
     "eval_interval": 3,
     "algo.lr_decay": True,
+    # Bit-exact resumption holds at a fixed thread count (a reduction split over another number
+    # of threads may round differently); the resumed CLI runs use one thread too.
+    "threads": 1,
 }
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import abc
 import functools
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +105,30 @@ class EnvSpec:
         return sum(g.num_agents for g in self.groups.values())
 
 
+class LazyGroups(Mapping[str, Tensor]):
+    """A read-only per-group mapping whose tensors are computed on first access and kept.
+
+    For outputs that cost a real share of a step and that most consumers never read, such as the
+    pre-reset agent-specific state of a large map. ``makers`` maps each group to a function of no
+    arguments that returns its tensor.
+    """
+
+    def __init__(self, makers: Mapping[str, Callable[[], Tensor]]) -> None:
+        self._makers = dict(makers)
+        self._done: dict[str, Tensor] = {}
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key not in self._done:
+            self._done[key] = self._makers[key]()
+        return self._done[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+
 @dataclass
 class EnvStep:
     """What ``reset`` and ``step`` return; every tensor is on the env's device."""
@@ -129,8 +154,9 @@ class EnvStep:
     Equal to ``obs`` where the env did not finish; ``None`` after ``reset``."""
     final_state: Tensor | None = None
     """``[E, *state_shape]`` pre-reset state, as ``final_obs``."""
-    final_agent_state: dict[str, Tensor] = field(default_factory=dict)
-    """Per group pre-reset agent-specific state, as ``final_obs``."""
+    final_agent_state: Mapping[str, Tensor] = field(default_factory=dict)
+    """Per group pre-reset agent-specific state, as ``final_obs``. May be a :class:`LazyGroups`
+    (computed when first read: only a critic bootstrapping truncated episodes reads it)."""
     stats: dict[str, Tensor] = field(default_factory=dict)
     """Per statistic ``[E]`` float32: the statistics of the episode that ended in this step;
     meaningful only where ``done``."""

@@ -60,6 +60,7 @@ from mappo.envs.base import (
     EnvSpec,
     EnvStep,
     GroupSpec,
+    LazyGroups,
 )
 from mappo.envs.smac.maps import MapSpec, get_map
 from mappo.envs.smac.render import render_battle
@@ -206,7 +207,7 @@ class SMACEnv(BatchedEnv):
         self._s: dict[str, Tensor] = {}
         self._mask: Tensor | None = None
         self._spare: dict[str, Tensor] = {}
-        self._spare_view: tuple[Tensor, ...] | None = None
+        self._spare_view: tuple[Tensor, Tensor, Tensor] | None = None
         self._spare_age = 0
         self.reset(seed)
 
@@ -350,11 +351,7 @@ class SMACEnv(BatchedEnv):
 
     def _redraw_spare(self) -> None:
         self._spare = self._initial_state()
-        obs, state, mask = self._observe(self._spare)
-        self._spare_view = (obs, state, mask)
-        if self.with_agent_state:
-            alive = self._spare["health"][:, : self.n_agents] > 0
-            self._spare_view += (self._agent_state(state, obs, alive),)
+        self._spare_view = self._observe(self._spare)
         self._spare_age = 0
 
     def get_state(self) -> dict[str, Tensor]:
@@ -447,14 +444,12 @@ class SMACEnv(BatchedEnv):
             "damage_dealt": new["damage_dealt"],
         }
         final_obs, final_state, final_mask = self._observe(new)
-        finals: tuple[Tensor, ...] = (final_obs, final_state, final_mask)
-        if self.with_agent_state:
-            finals += (self._agent_state(final_state, final_obs, health[:, :n] > 0),)
         # Auto-reset by a masked select from the spare battles (no host sync, no branch).
         assert self._spare_view is not None
         after = {k: _select(done, self._spare[k], v) for k, v in new.items()}
-        obs, state, mask, *agent_state = (
-            _select(done, a, b) for a, b in zip(self._spare_view, finals, strict=True)
+        obs, state, mask = (
+            _select(done, a, b)
+            for a, b in zip(self._spare_view, (final_obs, final_state, final_mask), strict=True)
         )
         alive = after["health"][:, :n] > 0
         self._s = after
@@ -470,10 +465,19 @@ class SMACEnv(BatchedEnv):
             truncated=truncated,
             alive={"allies": alive},
             action_mask={"allies": mask},
-            agent_state={"allies": agent_state[0]} if agent_state else {},
+            agent_state=(
+                {"allies": self._agent_state(state, obs, alive)} if self.with_agent_state else {}
+            ),
             final_obs={"allies": final_obs},
             final_state=final_state,
-            final_agent_state={"allies": finals[3]} if agent_state else {},
+            # Only a critic bootstrapping truncated episodes reads it: built on demand.
+            final_agent_state=(
+                LazyGroups(
+                    {"allies": lambda: self._agent_state(final_state, final_obs, health[:, :n] > 0)}
+                )
+                if self.with_agent_state
+                else {}
+            ),
             stats=stats,
         )
 
