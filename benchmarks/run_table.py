@@ -6,7 +6,9 @@
 
 Columns: task, seed, env steps, wall seconds, the first evaluation at or above ``--threshold``
 (env steps and wall time then; only with a threshold), the best evaluation and where it was, the
-final evaluation, and the mean training return over the last ``--last`` logged rows. ``--scale``
+final evaluation, the median of the last ``--last-evals`` evaluations (the per-seed score of the
+MAPPO paper, which takes the median of the final ten), and the mean training return over the last
+``--last`` logged rows. ``--scale``
 multiplies evaluation and training returns (e.g. by the number of agents, to turn the per-agent
 mean that ``mappo`` logs into a team sum).
 """
@@ -23,7 +25,9 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def run_row(run: Path, metric: str, threshold: float | None, scale: float, last: int) -> list[str]:
+def run_row(
+    run: Path, metric: str, threshold: float | None, scale: float, last: int, last_evals: int
+) -> list[str]:
     """The table cells of one run directory."""
     rows = _rows(run)
     if not rows:
@@ -50,7 +54,10 @@ def run_row(run: Path, metric: str, threshold: float | None, scale: float, last:
     if threshold is not None:
         first = next(((s, w) for s, w, v in evals if v >= threshold), None)
         cells.append(f"{first[0] / 1e3:.0f}k steps, {first[1]:.0f} s" if first else "not reached")
-    cells += [f"{best[2]:.2f} ({best[0] / 1e3:.0f}k)", f"{evals[-1][2]:.2f}"]
+    recent = sorted(v for _, _, v in evals[-last_evals:])
+    half = len(recent) // 2
+    median = recent[half] if len(recent) % 2 else (recent[half - 1] + recent[half]) / 2
+    cells += [f"{best[2]:.2f} ({best[0] / 1e3:.0f}k)", f"{evals[-1][2]:.2f}", f"{median:.2f}"]
     tail = train[-last:]
     cells.append(f"{sum(tail) / len(tail):.2f}" if tail else "")
     return cells
@@ -63,10 +70,13 @@ def main() -> None:
     parser.add_argument("--threshold", type=float, default=None)
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--last", type=int, default=10, help="training rows to average")
+    parser.add_argument(
+        "--last-evals", type=int, default=10, help="final evaluations to take the median of"
+    )
     args = parser.parse_args()
     header = ["task", "seed", "env steps", "wall"]
     header += ["first >= threshold"] if args.threshold is not None else []
-    header += ["best (at)", "final", "train (last rows)"]
+    header += ["best (at)", "final", f"median of last {args.last_evals}", "train (last rows)"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for run in sorted(
@@ -74,7 +84,9 @@ def main() -> None:
     ):
         print(
             "| "
-            + " | ".join(run_row(run, args.metric, args.threshold, args.scale, args.last))
+            + " | ".join(
+                run_row(run, args.metric, args.threshold, args.scale, args.last, args.last_evals)
+            )
             + " |"
         )
 

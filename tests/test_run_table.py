@@ -29,7 +29,7 @@ def _write_run(run: Path, rows: list[dict[str, object]]) -> None:
         writer.writerows(rows)
 
 
-def test_rows_report_first_best_final_and_training_return(tmp_path: Path) -> None:
+def test_rows_report_first_best_final_median_and_training_return(tmp_path: Path) -> None:
     run = tmp_path / "smac" / "3m" / "mappo" / "20260101-000000_seed2"
     _write_run(
         run,
@@ -41,10 +41,12 @@ def test_rows_report_first_best_final_and_training_return(tmp_path: Path) -> Non
             {"env_steps": 5000, "wall_seconds": 6.0, "eval/eval_battle_won": 0.9},
         ],
     )
-    row = _module().run_row(run, "eval/eval_battle_won", 0.95, 1.0, last=2)
-    assert row == ["3m", "2", "0.01M", "6 s", "4k steps, 4 s", "0.96 (4k)", "0.90", "3.00"]
-    scaled = _module().run_row(run, "eval/eval_battle_won", None, 2.0, last=1)
-    assert scaled == ["3m", "2", "0.01M", "6 s", "1.92 (4k)", "1.80", "8.00"]
+    row = _module().run_row(run, "eval/eval_battle_won", 0.95, 1.0, last=2, last_evals=3)
+    # Median of the last three evaluations (0.5, 0.96, 0.9): 0.9.
+    assert row == ["3m", "2", "0.01M", "6 s", "4k steps, 4 s", "0.96 (4k)", "0.90", "0.90", "3.00"]
+    # Of the last two (0.96, 0.9), scaled by 2: the mean of the middle pair, 1.86.
+    scaled = _module().run_row(run, "eval/eval_battle_won", None, 2.0, last=1, last_evals=2)
+    assert scaled == ["3m", "2", "0.01M", "6 s", "1.92 (4k)", "1.80", "1.86", "8.00"]
 
 
 def test_missing_metric_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
