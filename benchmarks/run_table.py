@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import statistics
 from pathlib import Path
 
 
@@ -54,9 +55,7 @@ def run_row(
     if threshold is not None:
         first = next(((s, w) for s, w, v in evals if v >= threshold), None)
         cells.append(f"{first[0] / 1e3:.0f}k steps, {first[1]:.0f} s" if first else "not reached")
-    recent = sorted(v for _, _, v in evals[-last_evals:])
-    half = len(recent) // 2
-    median = recent[half] if len(recent) % 2 else (recent[half - 1] + recent[half]) / 2
+    median = statistics.median(v for _, _, v in evals[-last_evals:])
     cells += [f"{best[2]:.2f} ({best[0] / 1e3:.0f}k)", f"{evals[-1][2]:.2f}", f"{median:.2f}"]
     tail = train[-last:]
     cells.append(f"{sum(tail) / len(tail):.2f}" if tail else "")
