@@ -43,8 +43,8 @@ REQUIRED_MAPS = tuple(SMAC_SIZES)
 DOCS = Path(__file__).parent.parent / "docs" / "smac.md"
 
 
-def _env(name: str, num_envs: int = 1, seed: int = 0) -> SMACEnv:
-    env = make(f"smac/{name}", num_envs=num_envs, seed=seed)
+def _env(name: str, num_envs: int = 1, seed: int = 0, **kwargs: object) -> SMACEnv:
+    env = make(f"smac/{name}", num_envs=num_envs, seed=seed, **kwargs)
     assert isinstance(env, SMACEnv)
     return env
 
@@ -302,10 +302,13 @@ def test_masks_never_allow_impossible_actions() -> None:
 
 
 # -- combat figures by hand ---------------------------------------------------------------------
-def _duel(name: str, ally_pos, enemy_pos, **overrides) -> tuple[SMACEnv, EnvStep]:
+def _duel(
+    name: str, ally_pos, enemy_pos, env_kwargs: dict | None = None, **overrides
+) -> tuple[SMACEnv, EnvStep]:
     """Env with ally 0 and enemy 0 alive at the given positions, every other unit dead;
-    ``overrides`` maps a state key to ``(unit index or None, value)``."""
-    env = _env(name)
+    ``env_kwargs`` go to ``make``; ``overrides`` maps a state key to ``(unit index or None,
+    value)``."""
+    env = _env(name, **(env_kwargs or {}))
     env.reset()
     st = env.get_state()
     n = env.n_agents
@@ -528,15 +531,29 @@ def test_episode_returns_are_scaled_to_twenty() -> None:
         assert r == pytest.approx(20.0, abs=1e-3) if won else r < 20.0
 
 
+def test_regeneration_reward_option() -> None:
+    # An enemy zealot out of everyone's reach, its shield regenerating (ten game seconds
+    # without damage): SMAC's abs() pays the regeneration as if it were damage; the signed
+    # reward counts it against the damage dealt.
+    def regenerate(**kwargs: bool) -> float:
+        env, _ = _duel(
+            "3s_vs_3z", (28.0, 28.0), (4.0, 4.0), kwargs, shield=(3, 10.0), since_damage=(3, 200.0)
+        )
+        step = env.step({"allies": torch.tensor([[1, 0, 0]])})
+        # 2 per game second of 16 game loops, over the step's 8 loops.
+        assert env.get_state()["shield"][0, 3].item() == pytest.approx(11.0)
+        return step.reward["allies"][0, 0].item()
+
+    max_reward = 3 * (100 + 50) + 3 * 10 + 200
+    regen = 1.0 * 20 / max_reward
+    assert regenerate() == pytest.approx(regen)
+    assert regenerate(regeneration_reward=False) == pytest.approx(-regen)
+    with pytest.raises(EnvError, match="regeneration_reward must be true or false"):
+        make("smac/3m", regeneration_reward="no")
+
+
 def test_negative_rewards_option() -> None:
-    env = make("smac/3m", reward_only_positive=False)
-    env.reset()
-    st = env.get_state()
-    st["health"][0, 1:3] = 0
-    st["health"][0, 4:] = 0
-    st["pos"][0, 0] = torch.tensor([10.0, 16.0])
-    st["pos"][0, 3] = torch.tensor([15.5, 16.0])
-    env.set_state(st)
+    env, _ = _duel("3m", (10.0, 16.0), (15.5, 16.0), {"reward_only_positive": False})
     step = env.step({"allies": torch.tensor([[1, 0, 0]])})
     # Both deal 6: +6 for the damage dealt, -0.5 * 6 for the damage taken.
     assert step.reward["allies"][0, 0].item() == pytest.approx((6 - 3) * 20 / 365)

@@ -132,6 +132,12 @@ class SMACEnv(BatchedEnv):
         reward_only_positive: SMAC's default ``True``; ``False`` subtracts half the damage and
             deaths the allies take, as SMAC's ``reward_negative_scale=0.5``.
         reward_scale_rate: the maximum episode return after scaling (SMAC's default 20).
+        regeneration_reward: with ``reward_only_positive``, SMAC takes the absolute value of each
+            step's damage + kill sum, so enemy shield regeneration and enemy healing are paid as
+            if they were damage, and a policy can farm them (hit, wait ten game seconds, hit
+            again). ``True`` (the default) keeps SMAC's reward; ``False`` keeps the sign instead,
+            so regeneration counts against the damage dealt and an episode's return is at most
+            ``reward_scale_rate``.
         agent_state: produce the agent-specific state (the MAPPO paper's "AS" critic input).
             ``False`` leaves it out (``agent_state_shape`` is ``None``): a critic on the global
             state (``algo.critic_input=state``) or on observations does not need it, and on the
@@ -148,6 +154,7 @@ class SMACEnv(BatchedEnv):
         jitter: float = 0.25,
         reward_only_positive: bool = True,
         reward_scale_rate: float = 20.0,
+        regeneration_reward: bool = True,
         agent_state: bool = True,
     ) -> None:
         self.name = f"smac/{map_name}"
@@ -168,8 +175,13 @@ class SMACEnv(BatchedEnv):
         self.jitter = float(jitter)
         self.reward_only_positive = bool(reward_only_positive)
         self.reward_scale_rate = float(reward_scale_rate)
-        if not isinstance(agent_state, bool):
-            raise EnvError(f"{self.name}: agent_state must be true or false, got {agent_state!r}")
+        for key, flag in (
+            ("regeneration_reward", regeneration_reward),
+            ("agent_state", agent_state),
+        ):
+            if not isinstance(flag, bool):
+                raise EnvError(f"{self.name}: {key} must be true or false, got {flag!r}")
+        self.regeneration_reward = regeneration_reward
         self.with_agent_state = agent_state
 
         ally_types = self.map.ally_units()
@@ -648,7 +660,8 @@ class SMACEnv(BatchedEnv):
 
         # SMAC's reward_battle: health + shield the enemies lost (all of it on death) plus
         # reward_death_value per kill; with reward_only_positive it takes abs() of the sum, as
-        # SMAC does (shield regeneration and heals can make it negative); reward_win on a win.
+        # SMAC does (shield regeneration and heals can make it negative), unless
+        # regeneration_reward is off; reward_win on a win.
         enemy_loss = (health + shield - new_health - new_shield)[:, n:]
         enemy_loss = torch.where(alive[:, n:], enemy_loss, 0.0)
         delta = enemy_loss.sum(1) + 10.0 * dies[:, n:].sum(1)
@@ -656,7 +669,7 @@ class SMACEnv(BatchedEnv):
         won = ally_fight & ~enemy_fight
         terminated = ~(ally_fight & enemy_fight)
         if self.reward_only_positive:
-            reward = delta.abs()
+            reward = delta.abs() if self.regeneration_reward else delta
         else:
             ally_loss = ((health + shield) - (new_health + new_shield))[:, :n] * ally_alive
             reward = delta - 0.5 * (ally_loss.sum(1) + 10.0 * dies[:, :n].sum(1))
