@@ -131,6 +131,7 @@ def _digest(folder: Path) -> dict[str, str]:
         (["train", "mpe/simple_spread", "env.name=mpe/nope"], "unknown environment 'mpe/nope'"),
         (["train", "mpe/simple_spread", "env.kwargs={num_agents: 0}"], "num_agents"),
         (["train", "mpe/simple_spread", "env.kwargs={bogus: 1}"], "bogus"),
+        (["train", "mpe/simple_spread", "env.kwargs.bogus=1"], "bogus"),
         (["train", "--resume", "no/such/run"], "does not exist"),
         (["eval", "no/such/run"], "does not exist"),
         (["train", "mpe/simple_spread", "device=cuda:0"], None),

@@ -35,6 +35,15 @@ def test_overrides_dotted_and_bare() -> None:
     assert cfg.env.name == "mpe/simple_reference" and cfg.seed == 3
 
 
+def test_one_env_kwarg_keeps_the_presets_others() -> None:
+    cfg = C.load("pettingzoo/simple_spread", ["env.kwargs.num_workers=2"])
+    assert cfg.env.kwargs == {"num_workers": 2, "N": 3, "max_cycles": 25}
+    cfg = C.load("pettingzoo/simple_spread", ["env.kwargs={N: 4}"])
+    assert cfg.env.kwargs == {"N": 4}  # the whole mapping replaces the preset's
+    with pytest.raises(C.ConfigError, match="one keyword argument"):
+        C.load("mpe/simple_spread", ["env.kwargs.a.b=1"])
+
+
 def test_unknown_key_names_nearest_valid_key() -> None:
     with pytest.raises(C.ConfigError, match="unknown config key 'algo.epoch'.*'algo.epochs'"):
         C.load("mpe/simple_spread", ["algo.epoch=3"])

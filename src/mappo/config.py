@@ -52,7 +52,11 @@ class EnvConfig:
         "`pettingzoo:<module>` / `gymnasium:<package>:<id>`.",
     )
     num_envs: int = _field(128, "Parallel environments in a rollout.", low=1)
-    kwargs: dict = _field({}, "Keyword arguments passed to the environment's constructor.")
+    kwargs: dict = _field(
+        {},
+        "Keyword arguments passed to the environment's constructor; `env.kwargs.NAME=VALUE` "
+        "sets one and keeps the others, `env.kwargs={...}` replaces them all.",
+    )
 
 
 @dataclass
@@ -297,9 +301,24 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+_KWARGS_PREFIX = "env.kwargs."
+
+
 def apply(cfg: TrainConfig, values: dict[str, Any]) -> TrainConfig:
-    """Set dotted keys (or unambiguous bare names) on ``cfg`` after checking them."""
+    """Set dotted keys (or unambiguous bare names) on ``cfg`` after checking them.
+
+    ``env.kwargs.NAME`` sets one keyword argument of the environment and keeps the others (a
+    preset's kwargs stay unless replaced as a whole through ``env.kwargs``)."""
     for raw_key, value in _flatten(values).items():
+        if raw_key.startswith(_KWARGS_PREFIX):
+            name = raw_key[len(_KWARGS_PREFIX) :]
+            if not name.isidentifier():
+                raise ConfigError(
+                    f"config key '{raw_key}' must name one keyword argument of the environment, "
+                    "e.g. env.kwargs.num_agents=4"
+                )
+            cfg.env.kwargs = {**cfg.env.kwargs, name: value}
+            continue
         key = resolve_key(raw_key)
         value = _coerce(key, value)
         target: Any = cfg
