@@ -181,3 +181,14 @@ def test_console_script_is_installed():
         [sys.executable, "-m", "mappo.cli", "--help"], capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0 and "train" in out.stdout
+
+
+def test_progress_line_past_the_total_shows_no_time_left():
+    import io
+
+    from mappo.logging import ProgressBar
+
+    out = io.StringIO()
+    ProgressBar(total=300_000, stream=out).update(300_800, 790.0, -152.8, final=True)
+    line = out.getvalue()
+    assert "300,800/300,000 steps" in line and "ETA 00:00" in line

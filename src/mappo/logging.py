@@ -34,7 +34,9 @@ class ProgressBar:
         frac = min(1.0, steps / max(1, self.total))
         width = 24
         bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
-        eta = (self.total - steps) / steps_per_second if steps_per_second > 0 else float("nan")
+        # The last update may overshoot the total (a rollout is never cut short): no time left.
+        left = max(0, self.total - steps)
+        eta = left / steps_per_second if steps_per_second > 0 else float("nan")
         ret = "   n/a" if latest_return is None else f"{latest_return:8.2f}"
         line = (
             f"[{bar}] {steps:>11,}/{self.total:,} steps  {steps_per_second:8,.0f} steps/s  "
