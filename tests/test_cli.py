@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from mappo.cli import main
+from mappo.logging import ProgressBar
 
 TINY = [
     "env.num_envs=4",
@@ -184,10 +186,6 @@ def test_console_script_is_installed():
 
 
 def test_progress_line_past_the_total_shows_no_time_left():
-    import io
-
-    from mappo.logging import ProgressBar
-
     out = io.StringIO()
     ProgressBar(total=300_000, stream=out).update(300_800, 790.0, -152.8, final=True)
     line = out.getvalue()
