@@ -248,9 +248,9 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     final = load_checkpoint(latest_checkpoint(d))
-    assert final["iteration"] == 8
+    assert final["progress"]["iteration"] == 8
     for k, v in _params(ref.policy).items():
-        torch.testing.assert_close(final["policy"][k], v, rtol=0, atol=0)
+        torch.testing.assert_close(final["learner"]["policy"][k], v, rtol=0, atol=0)
 
 
 def test_load_policy_acts_outside_training(tmp_path):

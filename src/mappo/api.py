@@ -10,13 +10,14 @@ import torch
 from torch import Tensor
 
 from mappo import config as config_mod
-from mappo.envs.base import EnvSpec, EnvStep, spec_from_dict
-from mappo.nn.actor_critic import ActorCritic
-from mappo.trainer import CheckpointError, latest_checkpoint, load_checkpoint
+from mappo.acting import Acting, act
+from mappo.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from mappo.data import EnvSpec, EnvStep, spec_from_dict
+from mappo.learners import build_networks
 
 
 class Policy:
-    """A trained MAPPO policy: the actors of every group, with their recurrent state.
+    """A trained policy of any family: every group's actor (or Q-agent), with its state.
 
     ``act`` takes per-group observations ``[E, n, *obs_shape]`` (or ``[n, *obs_shape]`` for a
     single env) as tensors or arrays and returns per-group actions ``[E, n, k]`` int64 (``[n, k]``
@@ -26,7 +27,7 @@ class Policy:
     """
 
     def __init__(
-        self, policy: ActorCritic, spec: EnvSpec, cfg: config_mod.TrainConfig, device: torch.device
+        self, policy: Acting, spec: EnvSpec, cfg: config_mod.TrainConfig, device: torch.device
     ) -> None:
         self.model = policy.eval()
         self.spec = spec
@@ -81,24 +82,20 @@ class Policy:
             obs[name] = x
         E = next(iter(obs.values())).shape[0]
         if self._states is None or next(iter(self._states.values())).shape[0] != E:
-            self._states, _ = self.model.initial_states(E, self.device)
-            starts_t = torch.ones(1, E, dtype=torch.bool, device=self.device)
+            self._states = self.model.acting_states(E, self.device)
+            starts_t = torch.ones(E, dtype=torch.bool, device=self.device)
         elif starts is None:
-            starts_t = torch.zeros(1, E, dtype=torch.bool, device=self.device)
+            starts_t = torch.zeros(E, dtype=torch.bool, device=self.device)
         else:
-            starts_t = torch.as_tensor(starts, dtype=torch.bool, device=self.device).reshape(1, E)
-        actions = {}
-        for name, actor in self.model.actors.items():
-            mask = None
+            starts_t = torch.as_tensor(starts, dtype=torch.bool, device=self.device).reshape(E)
+        masks = {}
+        for name in self.spec.groups:
             if action_mask is not None and name in action_mask:
                 mask = torch.as_tensor(action_mask[name], dtype=torch.bool, device=self.device)
-                mask = mask.reshape(1, E, *mask.shape[-2:])
-            dist, self._states[name] = actor(
-                obs[name].unsqueeze(0), self._states[name], starts_t, mask
-            )
-            a = (dist.mode() if deterministic else dist.sample(generator))[0]
-            actions[name] = a[0] if single else a
-        return actions
+                masks[name] = mask.reshape(E, *mask.shape[-2:])
+        acted = act(self.model, obs, masks, self._states, starts_t, deterministic, generator)
+        self._states = acted.states
+        return {name: a[0] if single else a for name, a in acted.actions.items()}
 
 
 def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Policy:
@@ -114,6 +111,6 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Policy:
         raise CheckpointError(f"'{path}' has no usable config or env spec: {err}") from err
     dev = torch.device(device)
     with torch.random.fork_rng(devices=[]):
-        model = ActorCritic(spec, cfg.model, cfg.algo)
-    model.load_state_dict(ckpt["policy"])
+        model = build_networks(spec, cfg)
+    model.load_state_dict(ckpt["learner"]["policy"])
     return Policy(model.to(dev), spec, cfg, dev)

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from mappo import config as config_mod
+from mappo.checkpoint import CheckpointError
 from mappo.envs.base import EnvError
-from mappo.trainer import CheckpointError
 
 EXIT_USAGE = 2
 
@@ -89,7 +89,7 @@ def cmd_eval_scripted(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from mappo.api import load_policy
     from mappo.envs.registry import make
-    from mappo.trainer import evaluate
+    from mappo.evaluation import evaluate
 
     if args.scripted:
         return cmd_eval_scripted(args)

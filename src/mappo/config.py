@@ -77,10 +77,20 @@ class ModelConfig:
     policy_gain: float = _field(0.01, "Orthogonal-init gain of the policy head.", low=0.0)
 
 
+ALGO_NAMES = ("mappo", "iql", "vdn", "qmix")
+_NAME_DOC = (
+    "Algorithm family: 'mappo' (MAPPO/IPPO and their recurrent forms, on-policy) or a value "
+    "decomposition method on an episode replay buffer: 'iql' (independent Q-learning), 'vdn' "
+    "(sum of agent Qs), 'qmix' (monotonic mixing network). Setting it first resets the other "
+    "algo.* fields to that family's defaults."
+)
+
+
 @dataclass
 class AlgoConfig:
     """The MAPPO update. MAPPO, IPPO and their recurrent forms are options of this one algorithm."""
 
+    name: str = _field("mappo", _NAME_DOC, choices=ALGO_NAMES)
     critic_input: str = _field(
         "state",
         "Critic input: the global state (MAPPO), the "
@@ -126,13 +136,87 @@ class AlgoConfig:
 
 
 @dataclass
+class ValueConfig:
+    """Value decomposition (PyMARL's family): IQL, VDN and QMIX on an episode replay buffer.
+
+    Each iteration plays one episode in each of ``env.num_envs`` envs with epsilon-greedy actions,
+    stores the episodes and takes ``updates_per_iteration`` gradient steps on ``batch_size``
+    episodes sampled uniformly from the buffer (Rashid et al. 2018, "QMIX", and PyMARL).
+    """
+
+    name: str = _field("qmix", _NAME_DOC, choices=ALGO_NAMES)
+    gamma: float = _field(0.99, "Discount factor.", low=0.0, high=1.0)
+    targets: str = _field(
+        "one_step",
+        "Q targets: one-step (PyMARL), n-step, or TD(lambda) (pymarl2).",
+        choices=("one_step", "n_step", "td_lambda"),
+    )
+    n_step: int = _field(3, "Steps of the n-step target (targets=n_step).", low=1)
+    td_lambda: float = _field(0.6, "Lambda of the TD(lambda) target.", low=0.0, high=1.0)
+    double_q: bool = _field(True, "Double Q: the online network picks the target's action.")
+    lr: float = _field(5e-4, "Learning rate of agents and mixer.", low=0.0, low_open=True)
+    optimizer: str = _field("rmsprop", "Optimiser.", choices=("rmsprop", "adam"))
+    optim_alpha: float = _field(0.99, "RMSprop smoothing constant.", low=0.0, high=1.0)
+    optim_eps: float = _field(1e-5, "RMSprop / Adam epsilon.", low=0.0, low_open=True)
+    max_grad_norm: float | None = _field(
+        10.0, "Gradient-norm clip; None = off.", low=0.0, low_open=True
+    )
+    batch_size: int = _field(32, "Episodes per gradient step.", low=1)
+    buffer_size: int = _field(5000, "Replay buffer capacity in episodes.", low=1)
+    buffer_in_checkpoints: bool = _field(
+        True,
+        "Save the replay buffer in periodic checkpoints (exact resume); false keeps checkpoints "
+        "small and resumes with an empty buffer.",
+    )
+    updates_per_iteration: int = _field(1, "Gradient steps after each batch of episodes.", low=1)
+    target_update_interval: int = _field(
+        200, "Copy the online networks to the targets every this many episodes (hard).", low=1
+    )
+    target_tau: float | None = _field(
+        None,
+        "Soft target update rate per gradient step (target += tau * (online - target)); "
+        "None = hard updates every target_update_interval episodes.",
+        low=0.0,
+        low_open=True,
+        high=1.0,
+    )
+    epsilon_start: float = _field(1.0, "Exploration epsilon at the start.", low=0.0, high=1.0)
+    epsilon_finish: float = _field(0.05, "Exploration epsilon after the anneal.", low=0.0, high=1.0)
+    epsilon_anneal_steps: int = _field(
+        50_000, "Env steps over which epsilon goes from start to finish.", low=1
+    )
+    epsilon_schedule: str = _field(
+        "linear",
+        "Epsilon schedule over env steps: linear, or exponential (reaches finish at the end "
+        "of the anneal).",
+        choices=("linear", "exponential"),
+    )
+    last_action: bool = _field(True, "Feed the agent's previous action (one-hot) to its network.")
+    standardise_rewards: bool = _field(
+        False, "Standardise rewards with running statistics before the targets (EPyMARL)."
+    )
+    mixing_embed_dim: int = _field(32, "QMIX mixing network width.", low=1)
+    hypernet_layers: int = _field(2, "QMIX hypernetwork depth (1 or 2 layers).", low=1, high=2)
+    hypernet_embed: int = _field(64, "QMIX hidden width of two-layer hypernetworks.", low=1)
+
+
+# Which dataclass holds the algo.* fields of each algorithm name.
+ALGO_CLASSES: dict[str, type] = {
+    "mappo": AlgoConfig,
+    "iql": ValueConfig,
+    "vdn": ValueConfig,
+    "qmix": ValueConfig,
+}
+
+
+@dataclass
 class TrainConfig:
     """A complete training run."""
 
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
-    rollout_length: int = _field(25, "Steps per environment in each rollout.", low=1)
+    algo: AlgoConfig | ValueConfig = field(default_factory=AlgoConfig)
+    rollout_length: int = _field(25, "Steps per environment in each rollout (mappo).", low=1)
     total_env_steps: int = _field(
         2_000_000,
         "Environment steps to train for (one step = every agent acts once in one env).",
@@ -162,12 +246,19 @@ class TrainConfig:
         """``rmappo``/``mappo``/``ippo``/``rippo``... derived from the options."""
         if self.name:
             return self.name
+        if self.algo.name != "mappo":
+            return self.algo.name
         base = "ippo" if self.algo.critic_input == "local" else "mappo"
         return ("r" + base) if self.model.recurrent != "none" else base
 
     @property
+    def family(self) -> str:
+        """``"ppo"`` (mappo) or ``"value"`` (iql, vdn, qmix)."""
+        return "ppo" if self.algo.name == "mappo" else "value"
+
+    @property
     def steps_per_update(self) -> int:
-        """Environment steps collected per update: ``num_envs * rollout_length``."""
+        """Environment steps collected per MAPPO update: ``num_envs * rollout_length``."""
         return self.env.num_envs * self.rollout_length
 
     @property
@@ -183,54 +274,74 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def _leaf_keys(cls: type, prefix: str = "") -> dict[str, dataclasses.Field]:
-    out: dict[str, dataclasses.Field] = {}
+def _leaf_keys(cls: type, prefix: str = "", algo_cls: type = AlgoConfig) -> dict[str, Any]:
+    """Dotted key -> ``(Field, type hint)`` of every leaf field, with ``algo_cls`` as the
+    ``algo`` section."""
+    out: dict[str, Any] = {}
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         key = prefix + f.name
-        if dataclasses.is_dataclass(hints[f.name]):
-            out.update(_leaf_keys(hints[f.name], key + "."))
+        hint = algo_cls if key == "algo" else hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            out.update(_leaf_keys(hint, key + ".", algo_cls))
         else:
-            out[key] = f
+            out[key] = (f, hint)
     return out
 
 
-LEAF_KEYS = _leaf_keys(TrainConfig)
-_HINTS: dict[str, Any] = {}
-for _cls in (TrainConfig, EnvConfig, ModelConfig, AlgoConfig):
-    for _name, _hint in typing.get_type_hints(_cls).items():
-        _HINTS[f"{_cls.__name__}.{_name}"] = _hint
-_SECTION_OF = {"env": EnvConfig, "model": ModelConfig, "algo": AlgoConfig}
+# The keys of each algorithm family: the algo.* section depends on algo.name.
+_KEYS_OF: dict[type, dict[str, Any]] = {
+    cls: _leaf_keys(TrainConfig, algo_cls=cls) for cls in dict.fromkeys(ALGO_CLASSES.values())
+}
+LEAF_KEYS: dict[str, dataclasses.Field] = {k: f for k, (f, _) in _KEYS_OF[AlgoConfig].items()}
+"""The keys of the default (mappo) family; :func:`keys_of` gives any family's."""
+_SECTIONS = ("env", "model", "algo")
 
 
-def _hint_of(key: str) -> Any:
-    parts = key.split(".")
-    cls = _SECTION_OF[parts[0]] if len(parts) == 2 else TrainConfig
-    return _HINTS[f"{cls.__name__}.{parts[-1]}"]
+def keys_of(cfg: TrainConfig) -> dict[str, dataclasses.Field]:
+    """Dotted key -> field of every leaf key valid for ``cfg``'s algorithm family."""
+    return {k: f for k, (f, _) in _KEYS_OF[type(cfg.algo)].items()}
 
 
-def resolve_key(key: str) -> str:
-    """The full dotted key for ``key`` (a dotted key or an unambiguous bare field name)."""
-    if key in LEAF_KEYS:
+def resolve_key(key: str, cfg: TrainConfig | None = None) -> str:
+    """The full dotted key for ``key`` (a dotted key or an unambiguous bare field name), among
+    the keys of ``cfg``'s algorithm family (mappo's when ``cfg`` is None)."""
+    keys = _KEYS_OF[type(cfg.algo) if cfg is not None else AlgoConfig]
+    if key in keys:
         return key
-    matches = [k for k in LEAF_KEYS if k.rsplit(".", 1)[-1] == key]
+    matches = [k for k in keys if k.rsplit(".", 1)[-1] == key]
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
         raise ConfigError(f"config key '{key}' is ambiguous; use one of {matches}")
-    close = difflib.get_close_matches(key, list(LEAF_KEYS), n=1, cutoff=0.5)
+    family = cfg.algo.name if cfg is not None else "mappo"
+    for name, cls in ALGO_CLASSES.items():
+        other = _KEYS_OF[cls]
+        if cls is not type(cfg.algo if cfg is not None else AlgoConfig()) and (
+            key in other or f"algo.{key}" in other
+        ):
+            return _raise_other_family(key, family, name)
+    close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.5)
     if not close:
-        bare = {k.rsplit(".", 1)[-1]: k for k in LEAF_KEYS}
+        bare = {k.rsplit(".", 1)[-1]: k for k in keys}
         near = difflib.get_close_matches(key.rsplit(".", 1)[-1], list(bare), n=1, cutoff=0.5)
         close = [bare[near[0]]] if near else []
     hint = f"; did you mean '{close[0]}'?" if close else " (see `mappo list --keys`)"
     raise ConfigError(f"unknown config key '{key}'{hint}")
 
 
-def _coerce(key: str, value: Any) -> Any:
+def _raise_other_family(key: str, family: str, other: str) -> str:
+    names = [n for n, c in ALGO_CLASSES.items() if c is ALGO_CLASSES[other]]
+    raise ConfigError(
+        f"config key '{key}' belongs to algo.name={'/'.join(names)}, not '{family}'; "
+        f"set algo.name={other} before it"
+    )
+
+
+def _coerce(key: str, value: Any, cfg: TrainConfig) -> Any:
     """Check ``value`` against the field's type and range; return it in the field's type."""
-    hint = _hint_of(key)
-    meta = LEAF_KEYS[key].metadata
+    f, hint = _KEYS_OF[type(cfg.algo)][key]
+    meta = f.metadata
     origin = typing.get_origin(hint)
     optional = origin in (typing.Union, getattr(__import__("types"), "UnionType", None)) and type(
         None
@@ -294,7 +405,7 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in data.items():
         key = prefix + str(k)
-        if isinstance(v, dict) and key in _SECTION_OF:
+        if isinstance(v, dict) and key in _SECTIONS:
             out.update(_flatten(v, key + "."))
         else:
             out[key] = v
@@ -308,8 +419,15 @@ def apply(cfg: TrainConfig, values: dict[str, Any]) -> TrainConfig:
     """Set dotted keys (or unambiguous bare names) on ``cfg`` after checking them.
 
     ``env.kwargs.NAME`` sets one keyword argument of the environment and keeps the others (a
-    preset's kwargs stay unless replaced as a whole through ``env.kwargs``)."""
-    for raw_key, value in _flatten(values).items():
+    preset's kwargs stay unless replaced as a whole through ``env.kwargs``). ``algo.name`` is
+    applied first: a different family replaces the algo section with that family's defaults."""
+    flat = _flatten(values)
+    if "algo.name" in flat:
+        name = _coerce("algo.name", flat.pop("algo.name"), cfg)
+        if not isinstance(cfg.algo, ALGO_CLASSES[name]):
+            cfg.algo = ALGO_CLASSES[name]()
+        cfg.algo.name = name
+    for raw_key, value in flat.items():
         if raw_key.startswith(_KWARGS_PREFIX):
             name = raw_key[len(_KWARGS_PREFIX) :]
             if not name.isidentifier():
@@ -319,8 +437,8 @@ def apply(cfg: TrainConfig, values: dict[str, Any]) -> TrainConfig:
                 )
             cfg.env.kwargs = {**cfg.env.kwargs, name: value}
             continue
-        key = resolve_key(raw_key)
-        value = _coerce(key, value)
+        key = resolve_key(raw_key, cfg)
+        value = _coerce(key, value, cfg)
         target: Any = cfg
         *path, last = key.split(".")
         for part in path:
@@ -332,12 +450,22 @@ def apply(cfg: TrainConfig, values: dict[str, Any]) -> TrainConfig:
 
 def check(cfg: TrainConfig) -> None:
     """Checks that involve more than one field."""
-    if cfg.algo.num_minibatches > cfg.env.num_envs * cfg.rollout_length:
+    if isinstance(cfg.algo, ValueConfig):
+        if cfg.algo.batch_size > cfg.algo.buffer_size:
+            raise ConfigError(
+                f"config field 'algo.batch_size' ({cfg.algo.batch_size}) exceeds "
+                f"'algo.buffer_size' ({cfg.algo.buffer_size}); lower it or enlarge the buffer"
+            )
+    elif cfg.algo.num_minibatches > cfg.env.num_envs * cfg.rollout_length:
         raise ConfigError(
             f"config field 'algo.num_minibatches' ({cfg.algo.num_minibatches}) exceeds the "
             f"samples per update ({cfg.env.num_envs * cfg.rollout_length}); lower it"
         )
-    if cfg.algo.death_masked_critic and cfg.algo.critic_input == "local":
+    if (
+        isinstance(cfg.algo, AlgoConfig)
+        and cfg.algo.death_masked_critic
+        and cfg.algo.critic_input == "local"
+    ):
         raise ConfigError(
             "config field 'algo.death_masked_critic' needs a centralised critic; set "
             "algo.critic_input=state or agent_state"
@@ -454,12 +582,19 @@ def save(cfg: TrainConfig, path: Path) -> None:
 
 
 def describe_keys() -> str:
-    """One line per config key with its default and its documentation."""
-    defaults = _flatten(to_dict(TrainConfig()))
+    """One line per config key with its default and its documentation; the algo.* keys of the
+    value-decomposition family follow mappo's, tagged ``[iql/vdn/qmix]``."""
     lines = []
-    for key, f in LEAF_KEYS.items():
-        doc = f.metadata.get("doc", "")
-        choices = f.metadata.get("choices")
-        extra = f" (one of {', '.join(choices)})" if choices else ""
-        lines.append(f"{key} = {defaults[key]!r}: {doc}{extra}")
+    for i, cls in enumerate(dict.fromkeys(ALGO_CLASSES.values())):
+        cfg = TrainConfig(algo=cls())
+        defaults = _flatten(to_dict(cfg))
+        names = "/".join(n for n, c in ALGO_CLASSES.items() if c is cls)
+        tag = f"[{names}] " if i else ""
+        for key, f in keys_of(cfg).items():
+            if i and not key.startswith("algo."):
+                continue
+            doc = f.metadata.get("doc", "")
+            choices = f.metadata.get("choices")
+            extra = f" (one of {', '.join(choices)})" if choices else ""
+            lines.append(f"{tag}{key} = {defaults[key]!r}: {doc}{extra}")
     return "\n".join(lines)

@@ -7,38 +7,16 @@ per-env flags. Everything stays on the env's device; nothing is copied to the ho
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from mappo.envs.base import BatchedEnv, EnvStep
+from mappo.acting import act
+from mappo.data import EnvStep, GroupBuffer, Rollout, step_from_dict, step_to_dict
+from mappo.envs.base import BatchedEnv
 from mappo.nn.actor_critic import ActorCritic
-
-
-@dataclass
-class GroupBuffer:
-    """One group's rollout: ``T`` steps of ``E`` envs."""
-
-    obs: Tensor  # [T, E, n, *obs_shape]
-    critic_x: Tensor  # [T, E, C, in]
-    actor_state: Tensor  # [T, E, n, S_a]  recurrent state *before* step t (pre-reset)
-    critic_state: Tensor  # [T, E, C, S_c]
-    actions: Tensor  # [T, E, n, k] int64
-    log_probs: Tensor  # [T, E, n]
-    values: Tensor  # [T + 1, E, C] normalised critic outputs
-    rewards: Tensor  # [T, E, n]
-    alive: Tensor  # [T, E, n] bool: the agent acted at step t
-    action_mask: Tensor | None  # [T, E, n, A] bool
-    final_values: Tensor | None  # [T, E, C] normalised V(final obs) for truncation bootstrap
-
-
-@dataclass
-class Rollout:
-    groups: dict[str, GroupBuffer]
-    starts: Tensor  # [T, E] bool: an episode starts at step t (recurrent state reset)
-    terminated: Tensor  # [T, E] bool: the episode ended in a terminal state after step t
-    truncated: Tensor  # [T, E] bool: the episode hit its time limit after step t
 
 
 @dataclass
@@ -93,6 +71,19 @@ class EpisodeTracker:
         for t in (self.finished, self.return_sum, self.length_sum, *self.stat_sums.values()):
             t.zero_()
         return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every field (a field added later is saved too)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        dev = self.returns.device
+        for f in fields(self):
+            value = state[f.name]
+            if isinstance(value, dict):
+                setattr(self, f.name, {k: v.to(dev) for k, v in value.items()})
+            else:
+                setattr(self, f.name, value.to(dev))
 
 
 def allocate(policy: ActorCritic, env: BatchedEnv, length: int, bootstrap: bool) -> Rollout:
@@ -161,25 +152,26 @@ class Collector:
         for t in range(T):
             ro.starts[t] = self.starts
             starts = self.starts.unsqueeze(0)
-            actions: dict[str, Tensor] = {}
             for name, buf in ro.groups.items():
-                obs = self.step.obs[name]
-                mask = self.step.action_mask.get(name)
-                buf.obs[t] = obs
+                buf.obs[t] = self.step.obs[name]
                 buf.alive[t] = self.step.alive[name]
                 if buf.action_mask is not None:
-                    buf.action_mask[t] = mask
+                    buf.action_mask[t] = self.step.action_mask[name]
                 buf.actor_state[t] = self.actor_states[name]
-                dist, self.actor_states[name] = policy.actors[name](
-                    obs.unsqueeze(0),
-                    self.actor_states[name],
-                    starts,
-                    None if mask is None else mask.unsqueeze(0),
-                )
-                action = dist.sample(self.generator)
-                buf.actions[t] = action[0]
-                buf.log_probs[t] = dist.log_prob(action)[0]
-                actions[name] = action[0]
+            acted = act(
+                policy,
+                self.step.obs,
+                self.step.action_mask,
+                self.actor_states,
+                self.starts,
+                greedy=False,
+                generator=self.generator,
+            )
+            self.actor_states = acted.states
+            actions = acted.actions
+            for name, buf in ro.groups.items():
+                buf.actions[t] = actions[name]
+                buf.log_probs[t] = acted.log_probs[name]
                 buf.critic_x[t] = policy.critic_input(name, self.step)
                 if stepwise[name]:
                     buf.critic_state[t] = self.critic_states[name]
@@ -220,3 +212,38 @@ class Collector:
                 finals = torch.stack(final_x[name])
                 buf.final_values.copy_(critic(finals, no_state, no_starts.expand(T, -1))[0])
         return ro
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where every env stands: the env's snapshot and generator (None for an env that cannot
+        be snapshotted), the step to act on, recurrent states, episode starts and the tracker."""
+        try:
+            env: dict[str, Any] | None = {
+                "state": self.env.get_state(),
+                "rng": self.env.generator.get_state(),
+            }
+        except NotImplementedError:
+            env = None
+        return {
+            "env": env,
+            "step": step_to_dict(self.step),
+            "actor_states": self.actor_states,
+            "critic_states": self.critic_states,
+            "starts": self.starts,
+            "tracker": self.tracker.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], fallback_seed: int) -> None:
+        """Restore :meth:`state_dict`. An env that could not be snapshotted (e.g. a third-party
+        one in worker processes) starts fresh episodes from ``fallback_seed`` instead."""
+        dev = self.env.device
+        if state["env"] is None:
+            self.step = self.env.reset(seed=fallback_seed)
+            return
+        self.env.set_state({k: v.to(dev) for k, v in state["env"]["state"].items()})
+        self.env.generator.set_state(state["env"]["rng"])
+        self.step = step_from_dict(state["step"], dev)
+        self.actor_states = {k: v.to(dev) for k, v in state["actor_states"].items()}
+        self.critic_states = {k: v.to(dev) for k, v in state["critic_states"].items()}
+        self.starts = state["starts"].to(dev)
+        self.tracker.load_state_dict(state["tracker"])

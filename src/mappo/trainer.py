@@ -8,7 +8,6 @@ optimisers, normalisers, RNG states, env state, counters) and ``summary.json``.
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -16,23 +15,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from mappo import config as config_mod
-from mappo.algos.mappo import Optimizers, make_samples, update
+from mappo.checkpoint import (  # noqa: F401 - re-exported: part of the trainer's interface
+    FORMAT,
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    save_rotating,
+)
 from mappo.config import TrainConfig
-from mappo.envs.base import BatchedEnv, EnvStep, spec_to_dict
+from mappo.data import spec_to_dict
 from mappo.envs.registry import make as make_env
+from mappo.evaluation import evaluate
+from mappo.learners import Learner, make_learner
 from mappo.logging import MetricsLogger, ProgressBar
-from mappo.nn.actor_critic import ActorCritic
-from mappo.rollout import Collector, EpisodeTracker, allocate
 
-CHECKPOINT_FORMAT = 1
 _EVAL_SEED_OFFSET = 1_000_003
-
-
-class CheckpointError(ValueError):
-    """A checkpoint or run directory that cannot be used; the message says why and what to do."""
 
 
 @dataclass
@@ -42,157 +41,22 @@ class Run:
     dir: Path
     config: TrainConfig
     summary: dict[str, Any]
-    policy: ActorCritic = field(repr=False)
-
-
-# -- helpers ----------------------------------------------------------------------------------
-
-
-def build_policy(env: BatchedEnv, cfg: TrainConfig) -> ActorCritic:
-    """The actor-critic for ``env``, initialised from ``cfg.seed`` without touching torch's
-    global RNG state (the caller's random stream is left as it was)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
-        policy = ActorCritic(env.spec, cfg.model, cfg.algo)
-    return policy.to(env.device)
-
-
-def _generator(device: torch.device, seed: int) -> torch.Generator:
-    g = torch.Generator(device=device)
-    g.manual_seed(seed)
-    return g
-
-
-@torch.no_grad()
-def evaluate(
-    policy: ActorCritic,
-    env: BatchedEnv,
-    seed: int,
-    deterministic: bool = True,
-    generator: torch.Generator | None = None,
-) -> dict[str, float]:
-    """One episode in each of ``env.num_envs`` envs with greedy (or sampled) actions.
-
-    Returns the mean and standard deviation of the per-agent episode return and the mean of
-    each episode statistic, over the first episode of every env.
-    """
-    step = env.reset(seed=seed)
-    E = env.num_envs
-    actor_states, _ = policy.initial_states(E, env.device)
-    starts = torch.ones(1, E, dtype=torch.bool, device=env.device)
-    returns = torch.zeros(E, device=env.device)
-    finished = torch.zeros(E, dtype=torch.bool, device=env.device)
-    final_returns = torch.zeros(E, device=env.device)
-    stats = {name: torch.zeros(E, device=env.device) for name in env.spec.stat_names}
-    for _ in range(env.spec.episode_limit + 1):
-        actions = {}
-        for name, actor in policy.actors.items():
-            mask = step.action_mask.get(name)
-            dist, actor_states[name] = actor(
-                step.obs[name].unsqueeze(0),
-                actor_states[name],
-                starts,
-                None if mask is None else mask.unsqueeze(0),
-            )
-            actions[name] = (dist.mode() if deterministic else dist.sample(generator))[0]
-        step = env.step(actions)
-        reward = torch.cat(list(step.reward.values()), dim=1).mean(1)
-        returns += reward * (~finished)
-        first = step.done & ~finished
-        final_returns = torch.where(first, returns, final_returns)
-        for name, value in step.stats.items():
-            if name in stats:
-                stats[name] = torch.where(first, value.to(stats[name].dtype), stats[name])
-        finished |= step.done
-        starts = step.done.unsqueeze(0)
-        if bool(finished.all()):
-            break
-    out = {
-        "eval_return_mean": float(final_returns.mean()),
-        "eval_return_std": float(final_returns.std(unbiased=False)),
-        "eval_episodes": float(E),
-    }
-    out.update({f"eval_{k}": float(v.mean()) for k, v in stats.items()})
-    return out
-
-
-def _atomic_save(obj: Any, path: Path) -> None:
-    """Write ``path`` so that it is either the old file or the complete new one, never half."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint file safely (``weights_only=True``: opening it never runs code)."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint '{path}' does not exist")
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unpickling failure means the same to the user
-        raise CheckpointError(
-            f"'{path}' is not a readable mappo checkpoint ({type(err).__name__}); "
-            "pick another file in checkpoints/"
-        ) from err
-    if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"'{path}' is not a mappo checkpoint (format {CHECKPOINT_FORMAT})")
-    return data
-
-
-def latest_checkpoint(run_dir: str | Path) -> Path:
-    """The newest complete checkpoint of a run directory."""
-    run_dir = Path(run_dir)
-    ckpts = sorted((run_dir / "checkpoints").glob("iter_*.pt"))
-    if not ckpts:
-        raise CheckpointError(
-            f"no checkpoint in '{run_dir / 'checkpoints'}'; is '{run_dir}' a mappo run directory?"
-        )
-    return ckpts[-1]
+    policy: Any = field(repr=False)
+    """The trained networks (an :class:`~mappo.nn.actor_critic.ActorCritic` for mappo, a
+    :class:`~mappo.nn.q_agents.QNetworks` for the value family)."""
 
 
 def _task_dir(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-/]", "_", name.replace(":", "/"))
 
 
-def _step_to_dict(step: EnvStep) -> dict[str, Any]:
-    return {
-        "obs": step.obs,
-        "state": step.state,
-        "alive": step.alive,
-        "action_mask": step.action_mask,
-        "agent_state": step.agent_state,
-    }
-
-
-def _step_from_dict(d: dict[str, Any], device: torch.device) -> EnvStep:
-    def to(x: Any) -> Any:
-        if isinstance(x, dict):
-            return {k: to(v) for k, v in x.items()}
-        return x.to(device)
-
-    E = d["state"].shape[0]
-    zeros = torch.zeros(E, dtype=torch.bool, device=device)
-    return EnvStep(
-        obs=to(d["obs"]),
-        state=to(d["state"]),
-        reward={k: torch.zeros_like(v, dtype=torch.float32) for k, v in to(d["alive"]).items()},
-        terminated=zeros,
-        truncated=zeros.clone(),
-        alive=to(d["alive"]),
-        action_mask=to(d["action_mask"]),
-        agent_state=to(d["agent_state"]),
-    )
-
-
-# -- the trainer ------------------------------------------------------------------------------
-
-
 class Trainer:
-    """Owns the env, the policy, the optimisers and the run directory of one training run."""
+    """One training run of any algorithm family: the environments, the family's learner (which
+    owns the networks, optimisers and data collection), the counters and the run directory.
+
+    The loop (log, evaluate, checkpoint) is the same for every family; what one iteration does
+    is the learner's (:mod:`mappo.learners`).
+    """
 
     def __init__(
         self,
@@ -219,137 +83,70 @@ class Trainer:
             **cfg.env.kwargs,
         )
         self.device = self.env.device
-        self.policy = build_policy(self.env, cfg)
-        self.optim = Optimizers.create(self.policy, cfg.algo)
-        self.recurrent = cfg.model.recurrent != "none"
-        self.sample_gen = _generator(self.device, cfg.seed + 1)
-        self.shuffle_gen = _generator(torch.device("cpu"), cfg.seed + 2)
+        self.learner: Learner = make_learner(cfg, self.env)
         self.iteration = 0
         self.env_steps = 0
         self.wall_offset = 0.0
         self.eval_count = 0
         self.last_eval: dict[str, float] = {}
         self.last_train: dict[str, float] = {}
-
-        first = self.env.reset(seed=cfg.seed)
-        # The trainer's own actions are always well formed; skip the per-step checks.
-        self.env.validate_actions = False
-        rollout = allocate(self.policy, self.env, cfg.rollout_length, cfg.algo.bootstrap_truncation)
-        actor_states, critic_states = self.policy.initial_states(self.env.num_envs, self.device)
-        self.collector = Collector(
-            env=self.env,
-            policy=self.policy,
-            rollout=rollout,
-            generator=self.sample_gen,
-            step=first,
-            actor_states=actor_states,
-            critic_states=critic_states,
-            starts=torch.ones(self.env.num_envs, dtype=torch.bool, device=self.device),
-            tracker=EpisodeTracker.create(self.env.num_envs, self.env.spec.stat_names, self.device),
-            bootstrap=cfg.algo.bootstrap_truncation,
-        )
         if checkpoint is not None:
             self._restore(checkpoint)
         self.run_dir = run_dir
 
+    @property
+    def policy(self) -> Any:
+        """The learner's networks (what acts, and what a checkpoint's ``policy`` holds)."""
+        return self.learner.policy
+
+    @property
+    def collector(self) -> Any:
+        """The learner's data collector."""
+        return self.learner.collector
+
     # -- one iteration ------------------------------------------------------------------------
     def iterate(self) -> dict[str, float]:
-        """Collect one rollout and update once; returns timings and losses."""
-        cfg = self.cfg
-        if cfg.algo.lr_decay:
-            self.optim.set_lr_fraction(1.0 - self.iteration / cfg.num_updates, cfg.algo)
-        t0 = time.perf_counter()
-        self.policy.eval()
-        rollout = self.collector.collect()
-        t1 = time.perf_counter()
-        self.policy.train()
-        samples = make_samples(self.policy, rollout, cfg.algo, self.recurrent)
-        losses = update(self.policy, samples, self.optim, cfg.algo, self.shuffle_gen)
-        t2 = time.perf_counter()
+        """One iteration of the learner (collect, then update); returns timings and losses."""
+        result = self.learner.iterate(self.iteration, self.env_steps)
         self.iteration += 1
-        self.env_steps += cfg.steps_per_update
-        return {"rollout_seconds": t1 - t0, "update_seconds": t2 - t1, **losses}
+        self.env_steps += int(result.pop("env_steps"))
+        return result
 
     # -- checkpoints --------------------------------------------------------------------------
-    def state_dict(self, wall_seconds: float) -> dict[str, Any]:
-        c = self.collector
-        try:
-            env_state: dict[str, Tensor] | None = self.env.get_state()
-        except NotImplementedError:
-            env_state = None
-        t = c.tracker
+    def state_dict(self, wall_seconds: float, periodic: bool = False) -> dict[str, Any]:
+        """The whole run: config, env spec, counters and the learner's own state (a periodic
+        checkpoint may leave out what the learner allows, e.g. a large replay buffer)."""
         return {
-            "format": CHECKPOINT_FORMAT,
+            "format": FORMAT,
             "config": config_mod.to_dict(self.cfg),
             "spec": spec_to_dict(self.env.spec),
-            "iteration": self.iteration,
-            "env_steps": self.env_steps,
-            "wall_seconds": wall_seconds,
-            "eval_count": self.eval_count,
-            "last_eval": self.last_eval,
-            "policy": self.policy.state_dict(),
-            "optim_actor": self.optim.actor.state_dict(),
-            "optim_critic": self.optim.critic.state_dict(),
-            "rng": {
-                "sample": self.sample_gen.get_state(),
-                "shuffle": self.shuffle_gen.get_state(),
-                "env": self.env.generator.get_state(),
+            "progress": {
+                "iteration": self.iteration,
+                "env_steps": self.env_steps,
+                "wall_seconds": wall_seconds,
+                "eval_count": self.eval_count,
+                "last_eval": self.last_eval,
             },
-            "env_state": env_state,
-            "step": _step_to_dict(c.step),
-            "actor_states": c.actor_states,
-            "critic_states": c.critic_states,
-            "starts": c.starts,
-            "tracker": {
-                "returns": t.returns,
-                "lengths": t.lengths,
-                "finished": t.finished,
-                "return_sum": t.return_sum,
-                "length_sum": t.length_sum,
-                "stat_sums": t.stat_sums,
-            },
+            "learner": self.learner.state_dict(periodic=periodic),
         }
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
-        dev = self.device
-        self.policy.load_state_dict(ckpt["policy"])
-        self.optim.actor.load_state_dict(ckpt["optim_actor"])
-        self.optim.critic.load_state_dict(ckpt["optim_critic"])
-        self.iteration = int(ckpt["iteration"])
-        self.env_steps = int(ckpt["env_steps"])
-        self.wall_offset = float(ckpt["wall_seconds"])
-        self.eval_count = int(ckpt["eval_count"])
-        self.last_eval = dict(ckpt["last_eval"])
-        self.sample_gen.set_state(ckpt["rng"]["sample"])
-        self.shuffle_gen.set_state(ckpt["rng"]["shuffle"])
-        c = self.collector
-        if ckpt["env_state"] is not None:
-            self.env.set_state({k: v.to(dev) for k, v in ckpt["env_state"].items()})
-            self.env.generator.set_state(ckpt["rng"]["env"])
-            c.step = _step_from_dict(ckpt["step"], dev)
-            c.actor_states = {k: v.to(dev) for k, v in ckpt["actor_states"].items()}
-            c.critic_states = {k: v.to(dev) for k, v in ckpt["critic_states"].items()}
-            c.starts = ckpt["starts"].to(dev)
-            for name, value in ckpt["tracker"].items():
-                if name == "stat_sums":
-                    c.tracker.stat_sums = {k: v.to(dev) for k, v in value.items()}
-                else:
-                    setattr(c.tracker, name, value.to(dev))
-        else:
-            # An environment that cannot be snapshotted (e.g. a third-party one in worker
-            # processes) starts fresh episodes; the model and optimisers resume exactly.
-            c.step = self.env.reset(seed=self.cfg.seed + self.iteration)
+        progress = ckpt["progress"]
+        self.iteration = int(progress["iteration"])
+        self.env_steps = int(progress["env_steps"])
+        self.wall_offset = float(progress["wall_seconds"])
+        self.eval_count = int(progress["eval_count"])
+        self.last_eval = dict(progress["last_eval"])
+        self.learner.load_state_dict(ckpt["learner"], self.iteration)
 
-    def save_checkpoint(self, wall_seconds: float) -> Path:
+    def save_checkpoint(self, wall_seconds: float, periodic: bool = False) -> Path:
         assert self.run_dir is not None
-        ckpt_dir = self.run_dir / "checkpoints"
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        path = ckpt_dir / f"iter_{self.iteration:08d}.pt"
-        _atomic_save(self.state_dict(wall_seconds), path)
-        old = sorted(ckpt_dir.glob("iter_*.pt"))[: -self.cfg.keep_checkpoints]
-        for p in old:
-            p.unlink()
-        return path
+        return save_rotating(
+            self.state_dict(wall_seconds, periodic),
+            self.run_dir,
+            self.iteration,
+            self.cfg.keep_checkpoints,
+        )
 
     def close(self) -> None:
         """Release the environments' resources (worker processes of adapted envs)."""
@@ -374,15 +171,15 @@ class Trainer:
         start = time.perf_counter() - self.wall_offset
         steps_at_start, time_at_start = self.env_steps, time.perf_counter()
         timings = {"rollout_seconds": 0.0, "update_seconds": 0.0}
-        while self.iteration < cfg.num_updates:
+        while self.env_steps < cfg.total_env_steps:
             result = self.iterate()
             for k in timings:
                 timings[k] += result.pop(k)
-            last = self.iteration >= cfg.num_updates
+            last = self.env_steps >= cfg.total_env_steps
             evaluating = last or (cfg.eval_interval and self.iteration % cfg.eval_interval == 0)
             logging_now = last or self.iteration % cfg.log_interval == 0 or evaluating
             if logging_now:
-                train = self.collector.tracker.read()
+                train = self.learner.tracker.read()
                 if "episode_return" in train:
                     self.last_train = train
                 elapsed = time.perf_counter() - time_at_start
@@ -391,8 +188,7 @@ class Trainer:
                     "iteration": float(self.iteration),
                     "wall_seconds": time.perf_counter() - start,
                     "steps_per_second": sps,
-                    "actor_lr": self.optim.actor.param_groups[0]["lr"],
-                    "critic_lr": self.optim.critic.param_groups[0]["lr"],
+                    **self.learner.schedule_metrics(),
                     **{f"train/{k}": v for k, v in train.items()},
                     **{f"time/{k}": v for k, v in timings.items()},
                     **{f"loss/{k}": v for k, v in result.items()},
@@ -406,7 +202,7 @@ class Trainer:
                         self.env_steps, sps, self.last_train.get("episode_return"), final=last
                     )
             if self.run_dir is not None and (last or self.iteration % cfg.checkpoint_interval == 0):
-                self.save_checkpoint(time.perf_counter() - start)
+                self.save_checkpoint(time.perf_counter() - start, periodic=not last)
         wall = time.perf_counter() - start
         return self.summary(
             wall, (self.env_steps - steps_at_start) / max(time.perf_counter() - time_at_start, 1e-9)

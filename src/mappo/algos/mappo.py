@@ -14,6 +14,7 @@ length (1 for feed-forward networks), ``M`` chunks (samples) of the update.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +22,8 @@ from torch import Tensor
 
 from mappo.algos.returns import gae, next_values, td_lambda
 from mappo.config import AlgoConfig
+from mappo.data import Rollout
 from mappo.nn.actor_critic import ActorCritic
-from mappo.rollout import Rollout
 
 # -- losses -----------------------------------------------------------------------------------
 
@@ -214,6 +215,13 @@ class Optimizers:
                 weight_decay=cfg.weight_decay,
             ),
         )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"actor": self.actor.state_dict(), "critic": self.critic.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.actor.load_state_dict(state["actor"])
+        self.critic.load_state_dict(state["critic"])
 
     def set_lr_fraction(self, fraction: float, cfg: AlgoConfig) -> None:
         """Linear learning-rate decay: ``lr = fraction * initial lr``."""

@@ -48,7 +48,8 @@ def update_flops(trainer: Trainer) -> float:
     from mappo.algos.mappo import Optimizers
 
     optim = Optimizers.create(policy, trainer.cfg.algo)
-    samples = make_samples(policy, trainer.collector.rollout, trainer.cfg.algo, trainer.recurrent)
+    recurrent = trainer.cfg.model.recurrent != "none"
+    samples = make_samples(policy, trainer.collector.rollout, trainer.cfg.algo, recurrent)
     gen = torch.Generator().manual_seed(0)
     with FlopCounterMode(display=False) as counter:
         update(policy, samples, optim, trainer.cfg.algo, gen)

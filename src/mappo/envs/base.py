@@ -37,13 +37,23 @@ from __future__ import annotations
 
 import abc
 import functools
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
+
+# The spec and step types live on the ground floor (mappo.data); they are re-exported here
+# because they are part of the environment contract.
+from mappo.data import (  # noqa: F401
+    ActionSpec,
+    EnvSpec,
+    EnvStep,
+    GroupSpec,
+    LazyGroups,
+    spec_from_dict,
+    spec_to_dict,
+)
 
 
 class EnvError(ValueError):
@@ -52,119 +62,6 @@ class EnvError(ValueError):
 
 class ActionError(EnvError):
     """An action batch of the wrong shape, dtype or range, or an action a mask forbids."""
-
-
-@dataclass(frozen=True)
-class ActionSpec:
-    """Discrete actions with one or more categorical heads.
-
-    ``Discrete(5)`` is ``ActionSpec((5,))``; the particle world's move + message is
-    ``ActionSpec((5, 10))``. An action is one integer per head.
-    """
-
-    nvec: tuple[int, ...]
-
-    @property
-    def num_heads(self) -> int:
-        return len(self.nvec)
-
-    @property
-    def total(self) -> int:
-        """Width of a flat logits or mask vector: the sum of the head sizes."""
-        return int(sum(self.nvec))
-
-
-@dataclass(frozen=True)
-class GroupSpec:
-    """One group of agents sharing observation and action spaces."""
-
-    agents: tuple[str, ...]
-    obs_shape: tuple[int, ...]
-    action: ActionSpec
-    has_action_mask: bool = False
-    agent_state_shape: tuple[int, ...] | None = None
-    """Shape of the agent-specific global state (the MAPPO paper's "AS" state), if any."""
-
-    @property
-    def num_agents(self) -> int:
-        return len(self.agents)
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """Everything the trainer needs to know before the first step."""
-
-    groups: dict[str, GroupSpec]
-    state_shape: tuple[int, ...]
-    episode_limit: int
-    stat_names: tuple[str, ...] = ()
-    """Names of the per-env episode statistics reported in :attr:`EnvStep.stats`."""
-
-    @property
-    def num_agents(self) -> int:
-        return sum(g.num_agents for g in self.groups.values())
-
-
-class LazyGroups(Mapping[str, Tensor]):
-    """A read-only per-group mapping whose tensors are computed on first access and kept.
-
-    For outputs that cost a real share of a step and that most consumers never read, such as the
-    pre-reset agent-specific state of a large map. ``makers`` maps each group to a function of no
-    arguments that returns its tensor.
-    """
-
-    def __init__(self, makers: Mapping[str, Callable[[], Tensor]]) -> None:
-        self._makers = dict(makers)
-        self._done: dict[str, Tensor] = {}
-
-    def __getitem__(self, key: str) -> Tensor:
-        if key not in self._done:
-            self._done[key] = self._makers[key]()
-        return self._done[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._makers)
-
-    def __len__(self) -> int:
-        return len(self._makers)
-
-
-@dataclass
-class EnvStep:
-    """What ``reset`` and ``step`` return; every tensor is on the env's device."""
-
-    obs: dict[str, Tensor]
-    """Per group ``[E, n, *obs_shape]``: the observation to act on next (post auto-reset)."""
-    state: Tensor
-    """``[E, *state_shape]`` global state, post auto-reset."""
-    reward: dict[str, Tensor]
-    """Per group ``[E, n]``: reward of the step just taken (zeros after ``reset``)."""
-    terminated: Tensor
-    """``[E]`` bool: the episode reached a terminal state (no bootstrap)."""
-    truncated: Tensor
-    """``[E]`` bool: the episode was cut by the time limit (bootstrap when asked)."""
-    alive: dict[str, Tensor]
-    """Per group ``[E, n]`` bool: agents that act in the next step (death masking)."""
-    action_mask: dict[str, Tensor] = field(default_factory=dict)
-    """Per group with masks ``[E, n, sum(nvec)]`` bool, True = allowed; absent = all allowed."""
-    agent_state: dict[str, Tensor] = field(default_factory=dict)
-    """Per group with an agent-specific state ``[E, n, *agent_state_shape]``."""
-    final_obs: dict[str, Tensor] | None = None
-    """Per group ``[E, n, ...]``: the observation each env's last step ended on (pre-reset).
-    Equal to ``obs`` where the env did not finish; ``None`` after ``reset``."""
-    final_state: Tensor | None = None
-    """``[E, *state_shape]`` pre-reset state, as ``final_obs``."""
-    final_agent_state: Mapping[str, Tensor] = field(default_factory=dict)
-    """Per group pre-reset agent-specific state, as ``final_obs``. May be a :class:`LazyGroups`
-    (computed when first read: only a critic bootstrapping truncated episodes reads it)."""
-    stats: dict[str, Tensor] = field(default_factory=dict)
-    """Per statistic ``[E]`` float32: the statistics of the episode that ended in this step;
-    meaningful only where ``done``."""
-
-    @property
-    def done(self) -> Tensor:
-        """``[E]`` bool: the episode ended (terminated or truncated) and the env was reset."""
-        return self.terminated | self.truncated
 
 
 class BatchedEnv(abc.ABC):
@@ -321,43 +218,3 @@ def _remember_masks(fn: Any) -> Any:
         return result
 
     return wrapper
-
-
-def spec_to_dict(spec: EnvSpec) -> dict[str, Any]:
-    """A plain (checkpoint- and YAML-safe) description of ``spec``."""
-    return {
-        "groups": {
-            name: {
-                "agents": list(g.agents),
-                "obs_shape": list(g.obs_shape),
-                "nvec": list(g.action.nvec),
-                "has_action_mask": g.has_action_mask,
-                "agent_state_shape": None
-                if g.agent_state_shape is None
-                else list(g.agent_state_shape),
-            }
-            for name, g in spec.groups.items()
-        },
-        "state_shape": list(spec.state_shape),
-        "episode_limit": spec.episode_limit,
-        "stat_names": list(spec.stat_names),
-    }
-
-
-def spec_from_dict(data: dict[str, Any]) -> EnvSpec:
-    """Inverse of :func:`spec_to_dict`."""
-    groups = {
-        name: GroupSpec(
-            agents=tuple(g["agents"]),
-            obs_shape=tuple(g["obs_shape"]),
-            action=ActionSpec(tuple(g["nvec"])),
-            has_action_mask=bool(g["has_action_mask"]),
-            agent_state_shape=None
-            if g["agent_state_shape"] is None
-            else tuple(g["agent_state_shape"]),
-        )
-        for name, g in data["groups"].items()
-    }
-    return EnvSpec(
-        groups, tuple(data["state_shape"]), int(data["episode_limit"]), tuple(data["stat_names"])
-    )

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from mappo.acting import GroupAct
 from mappo.config import AlgoConfig, ModelConfig
-from mappo.envs.base import EnvSpec, EnvStep, GroupSpec
+from mappo.data import EnvSpec, EnvStep, GroupSpec
 from mappo.nn.distributions import MultiCategorical
 from mappo.nn.layers import MLP, AgentLinear, RecurrentCore
 from mappo.nn.normalizers import PopArt, ValueNorm
@@ -216,3 +217,32 @@ class ActorCritic(nn.Module):
             for name, c in self.critics.items()
         }
         return actor, critic
+
+    # -- acting (the protocol of mappo.acting) ------------------------------------------------
+    def acting_states(self, batch: int, device: torch.device) -> dict[str, Tensor]:
+        """Zero actor recurrent states ``[batch, n, S]`` per group."""
+        return self.initial_states(batch, device)[0]
+
+    def act_group(
+        self,
+        name: str,
+        obs: Tensor,
+        state: Tensor,
+        starts: Tensor,
+        mask: Tensor | None,
+        greedy: bool,
+        generator: torch.Generator | None,
+        epsilon: float | None = None,
+    ) -> GroupAct:
+        """One step of group ``name``'s actor: the mode when ``greedy``, else a sample and its
+        log-probability (``epsilon`` is for Q-agents and ignored here)."""
+        dist, state = self.actors[name](
+            obs.unsqueeze(0),
+            state,
+            starts.unsqueeze(0),
+            None if mask is None else mask.unsqueeze(0),
+        )
+        if greedy:
+            return GroupAct(dist.mode()[0], state)
+        action = dist.sample(generator)
+        return GroupAct(action[0], state, dist.log_prob(action)[0])

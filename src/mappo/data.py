@@ -1,0 +1,235 @@
+"""The ground floor: data types that every other part of the package imports downward from.
+
+Environments, networks, losses and loops all speak in these records and import nothing sideways
+or upward to get them: the environment spec (:class:`EnvSpec` and its parts), the step record
+(:class:`EnvStep`), the on-policy rollout (:class:`Rollout`) and the episode batch of the replay
+buffer (:class:`EpisodeBatch`). This module imports only ``torch``.
+
+Shapes: ``E`` envs, ``n`` agents of a group, ``k`` action heads, ``T`` rollout steps, ``B``
+episodes, ``L`` the episode limit (+1 for the step after the last action).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+# -- the environment spec and the step record -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """Discrete actions with one or more categorical heads.
+
+    ``Discrete(5)`` is ``ActionSpec((5,))``; the particle world's move + message is
+    ``ActionSpec((5, 10))``. An action is one integer per head.
+    """
+
+    nvec: tuple[int, ...]
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.nvec)
+
+    @property
+    def total(self) -> int:
+        """Width of a flat logits or mask vector: the sum of the head sizes."""
+        return int(sum(self.nvec))
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One group of agents sharing observation and action spaces."""
+
+    agents: tuple[str, ...]
+    obs_shape: tuple[int, ...]
+    action: ActionSpec
+    has_action_mask: bool = False
+    agent_state_shape: tuple[int, ...] | None = None
+    """Shape of the agent-specific global state (the MAPPO paper's "AS" state), if any."""
+
+    @property
+    def num_agents(self) -> int:
+        return len(self.agents)
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """Everything the trainer needs to know before the first step."""
+
+    groups: dict[str, GroupSpec]
+    state_shape: tuple[int, ...]
+    episode_limit: int
+    stat_names: tuple[str, ...] = ()
+    """Names of the per-env episode statistics reported in :attr:`EnvStep.stats`."""
+
+    @property
+    def num_agents(self) -> int:
+        return sum(g.num_agents for g in self.groups.values())
+
+
+class LazyGroups(Mapping[str, Tensor]):
+    """A read-only per-group mapping whose tensors are computed on first access and kept.
+
+    For outputs that cost a real share of a step and that most consumers never read, such as the
+    pre-reset agent-specific state of a large map. ``makers`` maps each group to a function of no
+    arguments that returns its tensor.
+    """
+
+    def __init__(self, makers: Mapping[str, Callable[[], Tensor]]) -> None:
+        self._makers = dict(makers)
+        self._done: dict[str, Tensor] = {}
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key not in self._done:
+            self._done[key] = self._makers[key]()
+        return self._done[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._makers)
+
+    def __len__(self) -> int:
+        return len(self._makers)
+
+
+@dataclass
+class EnvStep:
+    """What ``reset`` and ``step`` return; every tensor is on the env's device."""
+
+    obs: dict[str, Tensor]
+    """Per group ``[E, n, *obs_shape]``: the observation to act on next (post auto-reset)."""
+    state: Tensor
+    """``[E, *state_shape]`` global state, post auto-reset."""
+    reward: dict[str, Tensor]
+    """Per group ``[E, n]``: reward of the step just taken (zeros after ``reset``)."""
+    terminated: Tensor
+    """``[E]`` bool: the episode reached a terminal state (no bootstrap)."""
+    truncated: Tensor
+    """``[E]`` bool: the episode was cut by the time limit (bootstrap when asked)."""
+    alive: dict[str, Tensor]
+    """Per group ``[E, n]`` bool: agents that act in the next step (death masking)."""
+    action_mask: dict[str, Tensor] = field(default_factory=dict)
+    """Per group with masks ``[E, n, sum(nvec)]`` bool, True = allowed; absent = all allowed."""
+    agent_state: dict[str, Tensor] = field(default_factory=dict)
+    """Per group with an agent-specific state ``[E, n, *agent_state_shape]``."""
+    final_obs: dict[str, Tensor] | None = None
+    """Per group ``[E, n, ...]``: the observation each env's last step ended on (pre-reset).
+    Equal to ``obs`` where the env did not finish; ``None`` after ``reset``."""
+    final_state: Tensor | None = None
+    """``[E, *state_shape]`` pre-reset state, as ``final_obs``."""
+    final_agent_state: Mapping[str, Tensor] = field(default_factory=dict)
+    """Per group pre-reset agent-specific state, as ``final_obs``. May be a :class:`LazyGroups`
+    (computed when first read: only a critic bootstrapping truncated episodes reads it)."""
+    stats: dict[str, Tensor] = field(default_factory=dict)
+    """Per statistic ``[E]`` float32: the statistics of the episode that ended in this step;
+    meaningful only where ``done``."""
+
+    @property
+    def done(self) -> Tensor:
+        """``[E]`` bool: the episode ended (terminated or truncated) and the env was reset."""
+        return self.terminated | self.truncated
+
+
+def spec_to_dict(spec: EnvSpec) -> dict[str, Any]:
+    """A plain (checkpoint- and YAML-safe) description of ``spec``."""
+    return {
+        "groups": {
+            name: {
+                "agents": list(g.agents),
+                "obs_shape": list(g.obs_shape),
+                "nvec": list(g.action.nvec),
+                "has_action_mask": g.has_action_mask,
+                "agent_state_shape": None
+                if g.agent_state_shape is None
+                else list(g.agent_state_shape),
+            }
+            for name, g in spec.groups.items()
+        },
+        "state_shape": list(spec.state_shape),
+        "episode_limit": spec.episode_limit,
+        "stat_names": list(spec.stat_names),
+    }
+
+
+def spec_from_dict(data: dict[str, Any]) -> EnvSpec:
+    """Inverse of :func:`spec_to_dict`."""
+    groups = {
+        name: GroupSpec(
+            agents=tuple(g["agents"]),
+            obs_shape=tuple(g["obs_shape"]),
+            action=ActionSpec(tuple(g["nvec"])),
+            has_action_mask=bool(g["has_action_mask"]),
+            agent_state_shape=None
+            if g["agent_state_shape"] is None
+            else tuple(g["agent_state_shape"]),
+        )
+        for name, g in data["groups"].items()
+    }
+    return EnvSpec(
+        groups, tuple(data["state_shape"]), int(data["episode_limit"]), tuple(data["stat_names"])
+    )
+
+
+def step_to_dict(step: EnvStep) -> dict[str, Any]:
+    """The parts of an :class:`EnvStep` that agents act on next (for checkpoints)."""
+    return {
+        "obs": step.obs,
+        "state": step.state,
+        "alive": step.alive,
+        "action_mask": step.action_mask,
+        "agent_state": step.agent_state,
+    }
+
+
+def step_from_dict(d: dict[str, Any], device: Any) -> EnvStep:
+    """Inverse of :func:`step_to_dict` on ``device``: rewards zero, nothing done."""
+
+    def to(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: to(v) for k, v in x.items()}
+        return x.to(device)
+
+    alive = to(d["alive"])
+    zeros = d["state"].new_zeros(d["state"].shape[0], dtype=torch.bool).to(device)
+    return EnvStep(
+        obs=to(d["obs"]),
+        state=to(d["state"]),
+        reward={k: torch.zeros_like(v, dtype=torch.float32) for k, v in alive.items()},
+        terminated=zeros,
+        truncated=zeros.clone(),
+        alive=alive,
+        action_mask=to(d["action_mask"]),
+        agent_state=to(d["agent_state"]),
+    )
+
+
+# -- on-policy rollouts ----------------------------------------------------------------------
+
+
+@dataclass
+class GroupBuffer:
+    """One group's rollout: ``T`` steps of ``E`` envs."""
+
+    obs: Tensor  # [T, E, n, *obs_shape]
+    critic_x: Tensor  # [T, E, C, in]
+    actor_state: Tensor  # [T, E, n, S_a]  recurrent state *before* step t (pre-reset)
+    critic_state: Tensor  # [T, E, C, S_c]
+    actions: Tensor  # [T, E, n, k] int64
+    log_probs: Tensor  # [T, E, n]
+    values: Tensor  # [T + 1, E, C] normalised critic outputs
+    rewards: Tensor  # [T, E, n]
+    alive: Tensor  # [T, E, n] bool: the agent acted at step t
+    action_mask: Tensor | None  # [T, E, n, A] bool
+    final_values: Tensor | None  # [T, E, C] normalised V(final obs) for truncation bootstrap
+
+
+@dataclass
+class Rollout:
+    groups: dict[str, GroupBuffer]
+    starts: Tensor  # [T, E] bool: an episode starts at step t (recurrent state reset)
+    terminated: Tensor  # [T, E] bool: the episode ended in a terminal state after step t
+    truncated: Tensor  # [T, E] bool: the episode hit its time limit after step t

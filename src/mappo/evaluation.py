@@ -1,0 +1,55 @@
+"""Greedy (or sampled) evaluation on separate environments, for every algorithm family."""
+
+from __future__ import annotations
+
+import torch
+
+from mappo.acting import Acting, act
+from mappo.envs.base import BatchedEnv
+
+
+@torch.no_grad()
+def evaluate(
+    policy: Acting,
+    env: BatchedEnv,
+    seed: int,
+    deterministic: bool = True,
+    generator: torch.Generator | None = None,
+) -> dict[str, float]:
+    """One episode in each of ``env.num_envs`` envs with greedy (or sampled) actions.
+
+    Returns the mean and standard deviation of the per-agent episode return and the mean of
+    each episode statistic, over the first episode of every env.
+    """
+    step = env.reset(seed=seed)
+    E = env.num_envs
+    states = policy.acting_states(E, env.device)
+    starts = torch.ones(E, dtype=torch.bool, device=env.device)
+    returns = torch.zeros(E, device=env.device)
+    finished = torch.zeros(E, dtype=torch.bool, device=env.device)
+    final_returns = torch.zeros(E, device=env.device)
+    stats = {name: torch.zeros(E, device=env.device) for name in env.spec.stat_names}
+    for _ in range(env.spec.episode_limit + 1):
+        acted = act(
+            policy, step.obs, step.action_mask, states, starts, deterministic, generator=generator
+        )
+        states = acted.states
+        step = env.step(acted.actions)
+        reward = torch.cat(list(step.reward.values()), dim=1).mean(1)
+        returns += reward * (~finished)
+        first = step.done & ~finished
+        final_returns = torch.where(first, returns, final_returns)
+        for name, value in step.stats.items():
+            if name in stats:
+                stats[name] = torch.where(first, value.to(stats[name].dtype), stats[name])
+        finished |= step.done
+        starts = step.done
+        if bool(finished.all()):
+            break
+    out = {
+        "eval_return_mean": float(final_returns.mean()),
+        "eval_return_std": float(final_returns.std(unbiased=False)),
+        "eval_episodes": float(E),
+    }
+    out.update({f"eval_{k}": float(v.mean()) for k, v in stats.items()})
+    return out

@@ -1,0 +1,105 @@
+"""MAPPO's half of a run: the actor-critic, its two optimisers and the rollout collector.
+
+One iteration collects ``rollout_length`` steps in each of ``env.num_envs`` envs and updates the
+networks on them (:mod:`mappo.algos.mappo`). The loop around it (logging, evaluation,
+checkpoints) is the same for every family (:mod:`mappo.trainer`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from mappo.algos.mappo import Optimizers, make_samples, update
+from mappo.config import TrainConfig
+from mappo.envs.base import BatchedEnv
+from mappo.nn.actor_critic import ActorCritic
+from mappo.rollout import Collector, EpisodeTracker, allocate
+
+
+def generator(device: torch.device, seed: int) -> torch.Generator:
+    """A seeded generator of its own (runs never share torch's global random state)."""
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
+    return g
+
+
+class PPOLearner:
+    """Collects rollouts and runs the MAPPO update; owns everything that a checkpoint restores
+    for it (networks, optimisers, sampling and shuffling generators, the collector)."""
+
+    def __init__(self, cfg: TrainConfig, env: BatchedEnv) -> None:
+        self.cfg = cfg
+        self.device = env.device
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            self.policy = ActorCritic(env.spec, cfg.model, cfg.algo).to(env.device)
+        self.optim = Optimizers.create(self.policy, cfg.algo)
+        self.recurrent = cfg.model.recurrent != "none"
+        self.sample_gen = generator(self.device, cfg.seed + 1)
+        self.shuffle_gen = generator(torch.device("cpu"), cfg.seed + 2)
+        first = env.reset(seed=cfg.seed)
+        # The trainer's own actions are always well formed; skip the per-step checks.
+        env.validate_actions = False
+        rollout = allocate(self.policy, env, cfg.rollout_length, cfg.algo.bootstrap_truncation)
+        actor_states, critic_states = self.policy.initial_states(env.num_envs, self.device)
+        self.collector = Collector(
+            env=env,
+            policy=self.policy,
+            rollout=rollout,
+            generator=self.sample_gen,
+            step=first,
+            actor_states=actor_states,
+            critic_states=critic_states,
+            starts=torch.ones(env.num_envs, dtype=torch.bool, device=self.device),
+            tracker=EpisodeTracker.create(env.num_envs, env.spec.stat_names, self.device),
+            bootstrap=cfg.algo.bootstrap_truncation,
+        )
+
+    @property
+    def tracker(self) -> EpisodeTracker:
+        return self.collector.tracker
+
+    def iterate(self, iteration: int, env_steps: int) -> dict[str, float]:
+        """Collect one rollout and update once; returns the env steps taken, timings and losses."""
+        cfg = self.cfg
+        if cfg.algo.lr_decay:
+            self.optim.set_lr_fraction(1.0 - iteration / cfg.num_updates, cfg.algo)
+        t0 = time.perf_counter()
+        self.policy.eval()
+        rollout = self.collector.collect()
+        t1 = time.perf_counter()
+        self.policy.train()
+        samples = make_samples(self.policy, rollout, cfg.algo, self.recurrent)
+        losses = update(self.policy, samples, self.optim, cfg.algo, self.shuffle_gen)
+        t2 = time.perf_counter()
+        return {
+            "env_steps": cfg.steps_per_update,
+            "rollout_seconds": t1 - t0,
+            "update_seconds": t2 - t1,
+            **losses,
+        }
+
+    def schedule_metrics(self) -> dict[str, float]:
+        """Learning rates now."""
+        return {
+            "actor_lr": self.optim.actor.param_groups[0]["lr"],
+            "critic_lr": self.optim.critic.param_groups[0]["lr"],
+        }
+
+    def state_dict(self, periodic: bool = True) -> dict[str, Any]:
+        return {
+            "policy": self.policy.state_dict(),
+            "optim": self.optim.state_dict(),
+            "rng": {"sample": self.sample_gen.get_state(), "shuffle": self.shuffle_gen.get_state()},
+            "collector": self.collector.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], iteration: int) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.optim.load_state_dict(state["optim"])
+        self.sample_gen.set_state(state["rng"]["sample"])
+        self.shuffle_gen.set_state(state["rng"]["shuffle"])
+        self.collector.load_state_dict(state["collector"], fallback_seed=self.cfg.seed + iteration)
