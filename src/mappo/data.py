@@ -233,3 +233,47 @@ class Rollout:
     starts: Tensor  # [T, E] bool: an episode starts at step t (recurrent state reset)
     terminated: Tensor  # [T, E] bool: the episode ended in a terminal state after step t
     truncated: Tensor  # [T, E] bool: the episode hit its time limit after step t
+
+
+# -- whole episodes (the value family's replay buffer) ----------------------------------------
+
+
+@dataclass
+class EpisodeBatch:
+    """``B`` whole episodes, time-major and padded to the episode limit: ``[L + 1, B, ...]``.
+
+    Index ``t`` holds what the agents saw before acting at step ``t`` (observation, state, masks,
+    alive flags), the actions they took and what that step returned (team reward, terminated,
+    truncated). An episode of ``T`` steps fills ``t < T`` (``filled``); index ``T`` holds the
+    observation and state the episode ended on (the bootstrap input of a truncated episode), and
+    its action masks allow every action, because the contract does not report the masks of a
+    final observation. Steps after ``T`` are padding: zeros, ``filled`` False.
+    """
+
+    obs: dict[str, Tensor]  # [L+1, B, n, *obs_shape] float32 per group
+    action_mask: dict[str, Tensor]  # [L+1, B, n, A] bool, groups with masks only
+    alive: dict[str, Tensor]  # [L+1, B, n] bool
+    actions: dict[str, Tensor]  # [L+1, B, n, k] int64 (zeros from index T on)
+    state: Tensor  # [L+1, B, *state_shape]
+    reward: Tensor  # [L+1, B] team reward of step t: the mean over all agents' rewards
+    terminated: Tensor  # [L+1, B] bool: the episode reached a terminal state after step t
+    truncated: Tensor  # [L+1, B] bool: the episode hit its time limit after step t
+    filled: Tensor  # [L+1, B] bool: step t is a step of the episode
+
+    def map(self, fn: Callable[[Tensor], Tensor]) -> EpisodeBatch:
+        """A batch with ``fn`` applied to every tensor (dicts keep their keys)."""
+        return EpisodeBatch(
+            **{
+                name: {k: fn(v) for k, v in value.items()} if isinstance(value, dict) else fn(value)
+                for name, value in self.fields().items()
+            }
+        )
+
+    def fields(self) -> dict[str, Any]:
+        """Field name -> tensor or per-group dict of tensors (no copies)."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @property
+    def ends(self) -> Tensor:
+        """``[L+1, B]`` bool: the episode ends after step t."""
+        return self.terminated | self.truncated

@@ -44,11 +44,19 @@ class EpisodeTracker:
             {s: z.clone() for s in stat_names},
         )
 
-    def record(self, step: EnvStep) -> None:
+    def record(self, step: EnvStep, active: Tensor | None = None) -> None:
+        """Add a step's rewards; count the episodes it ended. ``active [E]`` bool, when given,
+        limits both to the envs whose episode is being recorded."""
         rewards = torch.cat([r for r in step.reward.values()], dim=1)  # [E, all agents]
-        self.returns += rewards.mean(1)
-        self.lengths += 1
-        done = step.done.to(self.returns.dtype)
+        if active is None:
+            self.returns += rewards.mean(1)
+            self.lengths += 1
+            done = step.done.to(self.returns.dtype)
+        else:
+            live = active.to(self.returns.dtype)
+            self.returns += rewards.mean(1) * live
+            self.lengths += live
+            done = (step.done & active).to(self.returns.dtype)
         self.finished += done.sum()
         self.return_sum += (self.returns * done).sum()
         self.length_sum += (self.lengths * done).sum()

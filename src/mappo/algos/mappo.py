@@ -230,7 +230,8 @@ class Optimizers:
                 group["lr"] = lr * fraction
 
 
-def _grad_norm(params: list[Tensor], max_norm: float | None) -> Tensor:
+def grad_norm(params: list[Tensor], max_norm: float | None) -> Tensor:
+    """The gradients' global norm, after clipping them to ``max_norm`` when it is set."""
     if max_norm is None:
         grads = [p.grad for p in params if p.grad is not None]
         return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
@@ -268,8 +269,8 @@ def update(
             optimizers.critic.zero_grad(set_to_none=True)
             (terms["actor_loss"] + terms["critic_loss"]).backward()
             for g in policy.actors:
-                terms[f"{g}/actor_grad_norm"] = _grad_norm(actor_params[g], cfg.max_grad_norm)
-                terms[f"{g}/critic_grad_norm"] = _grad_norm(critic_params[g], cfg.max_grad_norm)
+                terms[f"{g}/actor_grad_norm"] = grad_norm(actor_params[g], cfg.max_grad_norm)
+                terms[f"{g}/critic_grad_norm"] = grad_norm(critic_params[g], cfg.max_grad_norm)
             optimizers.actor.step()
             optimizers.critic.step()
             for k, v in terms.items():

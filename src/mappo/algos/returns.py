@@ -165,3 +165,73 @@ def td_lambda(
         following = torch.where(ended[t], v_next[t], g[t + 1])
         torch.add(g[t], following, alpha=gamma * lam, out=g[t])
     return AdvantageReturns(ret - values, ret)
+
+
+# -- Q-learning targets over whole episodes -----------------------------------------------------
+
+
+def _shift(x: Tensor, i: int, fill: float | bool) -> Tensor:
+    """``x[t + i]`` along the first axis, ``fill`` past the end."""
+    if i == 0:
+        return x
+    pad = torch.full_like(x[:i], fill)
+    return torch.cat([x[i:], pad])
+
+
+def n_step_targets(
+    rewards: Tensor,
+    next_values: Tensor,
+    terminated: Tensor,
+    ends: Tensor,
+    gamma: float,
+    n: int,
+) -> Tensor:
+    """n-step targets ``G_t = r_t + ... + g^(j-1) r_(t+j-1) + g^j V(s_(t+j))`` with ``j = n``, or
+    fewer steps where the episode ends first: no bootstrap after a termination, a bootstrap from
+    the final observation after a truncation. ``n = 1`` is the one-step target of DQN/QMIX.
+
+    ``rewards``, ``next_values`` (``V(s_(t+1))``) are ``[T, B, ...]``; ``terminated``, ``ends``
+    (the episode ends after step t, by termination or truncation) are ``[T, B]`` bool. Steps past
+    the end of an episode (padding) get meaningless values that the loss masks out.
+    """
+    extra = (1,) * (rewards.dim() - terminated.dim())
+    term = terminated.reshape(*terminated.shape, *extra)
+    end = ends.reshape(*ends.shape, *extra)
+    out = torch.zeros_like(rewards)
+    running = torch.ones_like(end)
+    discount = 1.0
+    for i in range(n):
+        r_i, v_i = _shift(rewards, i, 0.0), _shift(next_values, i, 0.0)
+        term_i, end_i = _shift(term, i, True), _shift(end, i, True)
+        stop = end_i | (i == n - 1)
+        out = out + running * discount * r_i
+        out = out + (running & stop & ~term_i) * (discount * gamma) * v_i
+        running = running & ~stop
+        discount *= gamma
+    return out
+
+
+def lambda_targets(
+    rewards: Tensor,
+    next_values: Tensor,
+    terminated: Tensor,
+    ends: Tensor,
+    gamma: float,
+    lam: float,
+) -> Tensor:
+    """TD(lambda) targets, ``G_t = r_t + g [(1 - lam) V(s_(t+1)) + lam G_(t+1)]``, cut at the end
+    of the episode (``G_t = r_t + g V(s_(t+1))`` at its last step, with ``V = 0`` after a
+    termination), as pymarl2 trains QMIX (Hu et al. 2021, "Rethinking the Implementation Tricks
+    and Monotonicity Constraint in Cooperative MARL"). ``lam = 0`` is the one-step target.
+    Shapes as :func:`n_step_targets`.
+    """
+    extra = (1,) * (rewards.dim() - terminated.dim())
+    cont = (~terminated).reshape(*terminated.shape, *extra).to(rewards.dtype)
+    end = ends.reshape(*ends.shape, *extra)
+    out = torch.empty_like(rewards)
+    later = next_values[-1]
+    for t in range(rewards.shape[0] - 1, -1, -1):
+        blended = torch.where(end[t], next_values[t], (1.0 - lam) * next_values[t] + lam * later)
+        out[t] = rewards[t] + gamma * cont[t] * blended
+        later = out[t]
+    return out

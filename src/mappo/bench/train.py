@@ -1,4 +1,5 @@
-"""Training throughput: env steps per second of a config, split into rollout and update time.
+"""Training throughput: env steps per second of a config, split into the environment, acting
+(the rest of data collection) and the learner's update, for every algorithm family.
 
 The update's achieved FLOP rate (matrix-multiply FLOPs counted by torch's ``FlopCounterMode``
 over one update, divided by the measured update time) is reported beside the machine's own
@@ -56,38 +57,64 @@ def update_flops(trainer: Trainer) -> float:
     return float(counter.get_total_flops())
 
 
+def _timed_steps(trainer: Trainer) -> list[float]:
+    """Time every ``env.step`` of the trainer's env from now on; returns the running total (a
+    one-element list). Only the benchmark does this: the training loop itself never times."""
+    env = trainer.env
+    total = [0.0]
+    step = env.step
+
+    def timed(actions: Any) -> Any:
+        t0 = time.perf_counter()
+        out = step(actions)
+        total[0] += time.perf_counter() - t0
+        return out
+
+    env.step = timed  # type: ignore[method-assign]
+    return total
+
+
 def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> dict[str, Any]:
-    """Train ``warmup + iterations`` updates of ``cfg`` (no run directory) and time the last
-    ``iterations``. Returns steps/s, the rollout/update split and the FLOP rates."""
+    """Train ``warmup + iterations`` iterations of ``cfg`` (no run directory) and time the last
+    ``iterations``. Returns env steps/s, the environment / acting / update split and, for mappo,
+    the update's FLOP rate."""
     cfg.progress = False
     trainer = Trainer(cfg)
     for _ in range(warmup):
         trainer.iterate()
+    env_time = _timed_steps(trainer)
     rollout = upd = 0.0
+    steps_before = trainer.env_steps
     for _ in range(iterations):
         r = trainer.iterate()
         rollout += r["rollout_seconds"]
         upd += r["update_seconds"]
-    steps = iterations * cfg.steps_per_update
-    flops = update_flops(trainer)
+    steps = trainer.env_steps - steps_before
+    flops = update_flops(trainer) if cfg.family == "ppo" else 0.0
     trainer.close()
     mm = matmul_rate(device=cfg.device)
     achieved = flops * iterations / upd if upd > 0 else 0.0
+    total = rollout + upd
     return {
         "config": cfg.algo_name,
         "env": cfg.env.name,
         "device": cfg.device,
         "num_envs": cfg.env.num_envs,
-        "rollout_length": cfg.rollout_length,
-        "epochs": cfg.algo.epochs,
-        "num_minibatches": cfg.algo.num_minibatches,
+        "rollout_length": cfg.rollout_length if cfg.family == "ppo" else None,
+        "epochs": getattr(cfg.algo, "epochs", None),
+        "num_minibatches": getattr(cfg.algo, "num_minibatches", None),
+        "batch_size": getattr(cfg.algo, "batch_size", None),
         "recurrent": cfg.model.recurrent,
         "hidden_sizes": list(cfg.model.hidden_sizes),
         "iterations": iterations,
-        "steps_per_second": steps / (rollout + upd),
+        "env_steps": steps,
+        "steps_per_second": steps / total,
         "rollout_seconds_per_iteration": rollout / iterations,
         "update_seconds_per_iteration": upd / iterations,
-        "rollout_share": rollout / (rollout + upd),
+        "env_seconds_per_iteration": env_time[0] / iterations,
+        "acting_seconds_per_iteration": (rollout - env_time[0]) / iterations,
+        "rollout_share": rollout / total,
+        "env_share": env_time[0] / total,
         "update_flops_per_iteration": flops,
         "update_flop_rate": achieved,
         "matmul_flop_rate": mm,
@@ -98,16 +125,26 @@ def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> d
 
 
 def format_report(r: dict[str, Any]) -> str:
-    return "\n".join(
-        [
-            f"{r['env']} {r['config']} ({r['num_envs']} envs x {r['rollout_length']} steps, "
-            f"{r['epochs']} epochs x {r['num_minibatches']} mini-batches, {r['device']})",
-            f"  env steps/s        {r['steps_per_second']:12,.0f}",
-            f"  rollout / update   {r['rollout_seconds_per_iteration'] * 1e3:8.1f} ms / "
-            f"{r['update_seconds_per_iteration'] * 1e3:8.1f} ms per iteration",
+    if r["rollout_length"] is not None:
+        shape = (
+            f"{r['num_envs']} envs x {r['rollout_length']} steps, {r['epochs']} epochs x "
+            f"{r['num_minibatches']} mini-batches"
+        )
+    else:
+        shape = f"{r['num_envs']} episodes per iteration, batches of {r['batch_size']} episodes"
+    ms = 1e3
+    lines = [
+        f"{r['env']} {r['config']} ({shape}, {r['device']})",
+        f"  env steps/s        {r['steps_per_second']:12,.0f}",
+        f"  env / acting / update  {r['env_seconds_per_iteration'] * ms:8.1f} / "
+        f"{r['acting_seconds_per_iteration'] * ms:8.1f} / "
+        f"{r['update_seconds_per_iteration'] * ms:8.1f} ms per iteration",
+    ]
+    if r["update_flops_per_iteration"]:
+        lines += [
             f"  update FLOP rate   {r['update_flop_rate'] / 1e9:8.2f} GFLOP/s "
             f"({r['update_flops_per_iteration'] / 1e9:.2f} GFLOP per update)",
             f"  matmul FLOP rate   {r['matmul_flop_rate'] / 1e9:8.2f} GFLOP/s "
             f"(update reaches {100 * r['update_share_of_matmul_rate']:.1f}%)",
         ]
-    )
+    return "\n".join(lines)

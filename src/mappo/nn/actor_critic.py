@@ -20,7 +20,7 @@ from mappo.nn.layers import MLP, AgentLinear, RecurrentCore
 from mappo.nn.normalizers import PopArt, ValueNorm
 
 
-class _Trunk(nn.Module):
+class Trunk(nn.Module):
     """MLP base followed by an optional recurrent layer: ``[L, *B, C, in] -> [L, *B, C, H]``."""
 
     def __init__(self, in_features: int, cfg: ModelConfig, copies: int) -> None:
@@ -63,7 +63,7 @@ class Actor(nn.Module):
         self.copies = 1 if cfg.share_params else n
         self.agent_id = cfg.agent_id
         in_features = math.prod(group.obs_shape) + (n if cfg.agent_id else 0)
-        self.trunk = _Trunk(in_features, cfg, self.copies)
+        self.trunk = Trunk(in_features, cfg, self.copies)
         self.head = AgentLinear(self.trunk.out_features, group.action.total, self.copies)
         self.head.reset_parameters(gain=cfg.policy_gain)
         self.register_buffer("eye", torch.eye(n), persistent=False)
@@ -98,7 +98,7 @@ class Critic(nn.Module):
         super().__init__()
         self.copies = copies
         self.in_features = in_features
-        self.trunk = _Trunk(in_features, cfg, copies)
+        self.trunk = Trunk(in_features, cfg, copies)
         self.head = AgentLinear(self.trunk.out_features, 1, copies)
         self.head.reset_parameters(gain=1.0)
         self.normalizer: ValueNorm | None = {

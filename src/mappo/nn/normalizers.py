@@ -157,3 +157,38 @@ class PopArt(ValueNorm):
             weight.mul_(scale.unsqueeze(-2) if scale.dim() else scale)
         if bias is not None:
             bias.mul_(old_std).add_(old_mean - new_mean).div_(new_std)
+
+
+class RunningMeanStd(nn.Module):
+    """Mean and variance of every value seen so far (Chan et al.'s parallel update of the
+    moments, one batch at a time), as EPyMARL standardises rewards: ``(x - mean) / std``.
+
+    The moments are float64 buffers, so they are saved in ``state_dict`` and follow ``.to()``.
+    """
+
+    mean: Tensor
+    var: Tensor
+    count: Tensor
+
+    def __init__(self, epsilon: float = 1e-4) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("var", torch.ones((), dtype=torch.float64))
+        # A small prior count keeps the first standardisation finite, as EPyMARL's does.
+        self.register_buffer("count", torch.tensor(epsilon, dtype=torch.float64))
+
+    def update(self, x: Tensor) -> None:
+        """Fold the values ``x`` (any shape, at least one value) into the moments."""
+        x = x.detach().to(torch.float64)
+        n = x.numel()
+        batch_mean = x.mean()
+        batch_var = x.var(unbiased=False)
+        delta = batch_mean - self.mean
+        total = self.count + n
+        self.mean += delta * n / total
+        m2 = self.var * self.count + batch_var * n + delta.square() * self.count * n / total
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def standardise(self, x: Tensor) -> Tensor:
+        return ((x - self.mean) / self.var.clamp_min(1e-8).sqrt()).to(x.dtype)

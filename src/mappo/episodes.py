@@ -1,0 +1,189 @@
+"""Whole episodes for the value family: collection on the batched contract, and the replay buffer.
+
+**Collection.** Each call plays one episode in every env: all envs are reset, step together,
+and an env whose episode has ended waits, masked, until the last one ends (its further steps are
+neither recorded nor counted as env steps). The episodes of a batch therefore all start at step
+0, which is what the agents' recurrent unroll over a stored episode assumes. On fixed-length
+tasks (the particle world) nothing waits; on SMAC maps the waiting costs the difference between
+an env's episode and the longest in the batch.
+
+**Buffer.** Episodes are stored episode-major, ``[capacity, L + 1, ...]``, on the env's device,
+and overwrite the oldest when full; a batch is sampled uniformly without replacement and
+returned time-major, cut to its longest episode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mappo.acting import Acting, act
+from mappo.data import EpisodeBatch
+from mappo.envs.base import BatchedEnv
+from mappo.rollout import EpisodeTracker
+
+
+def allocate_episodes(env: BatchedEnv, batch: int) -> EpisodeBatch:
+    """Zeroed storage for ``batch`` episodes of ``env``: ``[L + 1, batch, ...]``."""
+    spec, dev = env.spec, env.device
+    T = spec.episode_limit + 1
+
+    def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
+        return torch.zeros(T, batch, *shape, dtype=dtype, device=dev)
+
+    groups = spec.groups.items()
+    return EpisodeBatch(
+        obs={name: zeros(g.num_agents, *g.obs_shape) for name, g in groups},
+        action_mask={
+            name: zeros(g.num_agents, g.action.total, dtype=torch.bool)
+            for name, g in groups
+            if g.has_action_mask
+        },
+        alive={name: zeros(g.num_agents, dtype=torch.bool) for name, g in groups},
+        actions={
+            name: zeros(g.num_agents, g.action.num_heads, dtype=torch.int64) for name, g in groups
+        },
+        state=zeros(*spec.state_shape),
+        reward=zeros(),
+        terminated=zeros(dtype=torch.bool),
+        truncated=zeros(dtype=torch.bool),
+        filled=zeros(dtype=torch.bool),
+    )
+
+
+def _put(target: Tensor, t: int, value: Tensor, where: Tensor) -> None:
+    """``target[t] = value`` in the envs where ``where [E]`` is True."""
+    shape = (-1,) + (1,) * (value.dim() - 1)
+    target[t] = torch.where(where.view(shape), value, target[t])
+
+
+class EpisodeCollector:
+    """Plays one episode per env with an :class:`~mappo.acting.Acting` policy."""
+
+    def __init__(
+        self, env: BatchedEnv, policy: Acting, generator: torch.Generator, tracker: EpisodeTracker
+    ) -> None:
+        self.env = env
+        self.policy = policy
+        self.generator = generator
+        self.tracker = tracker
+        self.batch = allocate_episodes(env, env.num_envs)
+
+    @torch.no_grad()
+    def collect(self, epsilon: float) -> tuple[EpisodeBatch, int]:
+        """Fill :attr:`batch` with one epsilon-greedy episode per env; returns it (reused by the
+        next call) and the number of env steps its episodes took."""
+        env, b = self.env, self.batch
+        # Steps after an episode's end stay zero: nothing stale reaches the buffer, so a resumed
+        # run stores exactly what an uninterrupted one does.
+        b.map(torch.Tensor.zero_)
+        E, L = env.num_envs, env.spec.episode_limit
+        step = env.reset()
+        states = self.policy.acting_states(E, env.device)
+        starts = torch.ones(E, dtype=torch.bool, device=env.device)
+        active = torch.ones(E, dtype=torch.bool, device=env.device)
+        t = 0
+        for t in range(L):
+            for name, obs in step.obs.items():
+                _put(b.obs[name], t, obs, active)
+                _put(b.alive[name], t, step.alive[name], active)
+            for name, mask in b.action_mask.items():
+                _put(mask, t, step.action_mask[name], active)
+            _put(b.state, t, step.state, active)
+            acted = act(
+                self.policy,
+                step.obs,
+                step.action_mask,
+                states,
+                starts,
+                greedy=False,
+                generator=self.generator,
+                epsilon=epsilon,
+            )
+            states, starts = acted.states, torch.zeros_like(starts)
+            step = env.step(acted.actions)
+            self.tracker.record(step, active)
+            for name, a in acted.actions.items():
+                _put(b.actions[name], t, a, active)
+            b.reward[t] = torch.cat(list(step.reward.values()), dim=1).mean(1) * active
+            b.terminated[t] = step.terminated & active
+            b.truncated[t] = step.truncated & active
+            b.filled[t] = active
+            ended = step.done & active
+            # The observation the episode ended on goes after its last step (the bootstrap input
+            # of a truncated episode); the contract does not report its masks: allow all.
+            for name in step.obs:
+                _put(b.obs[name], t + 1, step.final_obs[name], ended)
+                _put(b.alive[name], t + 1, torch.ones_like(step.alive[name]), ended)
+            for mask in b.action_mask.values():
+                _put(mask, t + 1, torch.ones_like(mask[t]), ended)
+            _put(b.state, t + 1, step.final_state, ended)
+            active = active & ~step.done
+            if not bool(active.any()):
+                break
+        if bool(active.any()):
+            # An env that outlives the declared episode limit is cut there, as a time limit.
+            b.truncated[t] |= active
+            for name in step.obs:
+                _put(b.obs[name], t + 1, step.obs[name], active)
+                _put(b.alive[name], t + 1, step.alive[name], active)
+            _put(b.state, t + 1, step.state, active)
+        return b, int(b.filled.sum())
+
+
+class EpisodeBuffer:
+    """A ring of ``capacity`` episodes on the device, sampled uniformly.
+
+    ``state_dict`` holds the stored episodes, so that a resumed run samples the same batches.
+    """
+
+    def __init__(self, template: EpisodeBatch, capacity: int) -> None:
+        self.capacity = capacity
+        self.storage = template.map(
+            lambda x: x.new_zeros(capacity, x.shape[0], *x.shape[2:])
+        )  # [capacity, L + 1, ...]
+        self.index = 0
+        self.size = 0
+
+    def add(self, episodes: EpisodeBatch) -> None:
+        """Store the ``B`` episodes of a time-major batch ``[L + 1, B, ...]``."""
+        B = episodes.filled.shape[1]
+        dev = episodes.filled.device
+        slots = (self.index + torch.arange(B, device=dev)) % self.capacity
+        new = episodes.fields()
+        for name, dst in self.storage.fields().items():
+            if isinstance(dst, dict):
+                for k, v in dst.items():
+                    v[slots] = new[name][k].transpose(0, 1)
+            else:
+                dst[slots] = new[name].transpose(0, 1)
+        self.index = (self.index + B) % self.capacity
+        self.size = min(self.size + B, self.capacity)
+
+    def sample(self, batch_size: int, generator: torch.Generator) -> EpisodeBatch:
+        """``batch_size`` distinct stored episodes, time-major ``[T + 1, B, ...]`` where ``T``
+        is the longest of them."""
+        idx = torch.randperm(self.size, generator=generator)[:batch_size]
+        idx = idx.to(self.storage.filled.device)
+        filled = self.storage.filled[idx]  # [B, L + 1]
+        T = int(filled.sum(1).max()) + 1
+        return self.storage.map(lambda x: x[idx, :T].transpose(0, 1))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "size": self.size,
+            "episodes": self.storage.map(lambda x: x[: self.size]).fields(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.index, self.size = int(state["index"]), int(state["size"])
+        stored = state["episodes"]
+        for name, dst in self.storage.fields().items():
+            if isinstance(dst, dict):
+                for k, v in dst.items():
+                    v[: self.size] = stored[name][k]
+            else:
+                dst[: self.size] = stored[name]

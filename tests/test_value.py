@@ -1,0 +1,417 @@
+"""The value-decomposition family (IQL, VDN, QMIX): mixers, targets, exploration, the episode
+collector and buffer, the loss, and runs end to end (train, resume, evaluate, load)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import mappo
+from mappo import config as C
+from mappo.algos.returns import lambda_targets, n_step_targets
+from mappo.algos.value import epsilon_at, td_loss
+from mappo.cli import main
+from mappo.episodes import EpisodeBuffer, EpisodeCollector, allocate_episodes
+from mappo.nn.q_agents import QMixer, QNetworks, VDNMixer, epsilon_greedy
+from mappo.rollout import EpisodeTracker
+from mappo.trainer import latest_checkpoint, load_checkpoint, resume, train
+
+# -- mixers --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_qmix_is_monotone_in_every_agent_q(layers):
+    torch.manual_seed(0)
+    mixer = QMixer(state_dim=7, num_agents=4, embed=8, hypernet_layers=layers, hyper_embed=16)
+    q = torch.randn(64, 4, requires_grad=True)
+    state = torch.randn(64, 7) * 3
+    (grad,) = torch.autograd.grad(mixer(q, state).sum(), q)
+    assert grad.shape == (64, 4)
+    assert bool((grad >= 0).all())
+    assert bool((grad > 0).any())
+
+
+def test_vdn_is_the_sum_of_agent_qs():
+    q = torch.randn(5, 3, 4)
+    torch.testing.assert_close(VDNMixer()(q, torch.randn(5, 3, 2)), q.sum(-1, keepdim=True))
+
+
+# -- targets -------------------------------------------------------------------------------------
+
+# Two episodes, gamma 0.9. A terminates after step 2 (step 3 is padding); B is truncated by its
+# time limit after step 1 (steps 2-3 are padding): B's last target bootstraps from its final
+# observation's value, A's does not.
+GAMMA = 0.9
+REWARDS = torch.tensor([[1.0, 1.0], [2.0, 1.0], [3.0, 0.0], [0.0, 0.0]])
+NEXT_V = torch.tensor([[10.0, 5.0], [20.0, 7.0], [30.0, 0.0], [0.0, 0.0]])
+TERMINATED = torch.tensor([[False, False], [False, False], [True, False], [False, False]])
+ENDS = torch.tensor([[False, False], [False, True], [True, False], [False, False]])
+
+
+def test_one_step_targets_by_hand():
+    out = n_step_targets(REWARDS, NEXT_V, TERMINATED, ENDS, GAMMA, 1)
+    torch.testing.assert_close(out[:3, 0], torch.tensor([10.0, 20.0, 3.0]))
+    torch.testing.assert_close(out[:2, 1], torch.tensor([5.5, 7.3]))
+
+
+def test_n_step_targets_by_hand():
+    out = n_step_targets(REWARDS, NEXT_V, TERMINATED, ENDS, GAMMA, 2)
+    # A: 1 + .9 * 2 + .81 * V(s2); 2 + .9 * 3 (terminated: no bootstrap); 3.
+    torch.testing.assert_close(out[:3, 0], torch.tensor([19.0, 4.7, 3.0]))
+    # B: 1 + .9 * 1 + .81 * V(final) = 7.57; the last step 1 + .9 * 7.
+    torch.testing.assert_close(out[:2, 1], torch.tensor([7.57, 7.3]))
+    # Longer windows than the episode change nothing past its end.
+    torch.testing.assert_close(
+        n_step_targets(REWARDS, NEXT_V, TERMINATED, ENDS, GAMMA, 10)[:3, 0],
+        torch.tensor([1 + 0.9 * 2 + 0.81 * 3, 2 + 0.9 * 3, 3.0]),
+    )
+
+
+def test_lambda_targets_by_hand():
+    out = lambda_targets(REWARDS, NEXT_V, TERMINATED, ENDS, GAMMA, 0.5)
+    # A: G2 = 3; G1 = 2 + .9 (.5 * 20 + .5 * 3) = 12.35; G0 = 1 + .9 (.5 * 10 + .5 * 12.35).
+    torch.testing.assert_close(out[:3, 0], torch.tensor([11.0575, 12.35, 3.0]))
+    # B: G1 = 1 + .9 * 7 = 7.3 (truncated: bootstrapped); G0 = 1 + .9 (.5 * 5 + .5 * 7.3).
+    torch.testing.assert_close(out[:2, 1], torch.tensor([6.535, 7.3]))
+    one = n_step_targets(REWARDS, NEXT_V, TERMINATED, ENDS, GAMMA, 1)
+    torch.testing.assert_close(lambda_targets(REWARDS, NEXT_V, TERMINATED, ENDS, GAMMA, 0.0), one)
+
+
+def test_targets_broadcast_over_agents():
+    r = REWARDS.unsqueeze(-1).expand(-1, -1, 3)
+    v = NEXT_V.unsqueeze(-1).expand(-1, -1, 3)
+    out = lambda_targets(r, v, TERMINATED, ENDS, GAMMA, 0.5)
+    ref = lambda_targets(REWARDS, NEXT_V, TERMINATED, ENDS, GAMMA, 0.5)
+    torch.testing.assert_close(out, ref.unsqueeze(-1).expand(-1, -1, 3))
+
+
+# -- exploration ---------------------------------------------------------------------------------
+
+
+def test_epsilon_schedules():
+    lin = C.ValueConfig(epsilon_start=1.0, epsilon_finish=0.05, epsilon_anneal_steps=1000)
+    assert epsilon_at(0, lin) == 1.0
+    assert epsilon_at(500, lin) == pytest.approx(0.525)
+    assert epsilon_at(1000, lin) == pytest.approx(0.05)
+    assert epsilon_at(10**6, lin) == pytest.approx(0.05)
+    exp = C.ValueConfig(
+        epsilon_start=1.0,
+        epsilon_finish=0.01,
+        epsilon_anneal_steps=1000,
+        epsilon_schedule=("exponential"),
+    )
+    assert epsilon_at(0, exp) == 1.0
+    assert epsilon_at(500, exp) == pytest.approx(0.1)  # sqrt(1.0 * 0.01)
+    assert epsilon_at(1000, exp) == pytest.approx(0.01)
+    assert epsilon_at(5000, exp) == pytest.approx(0.01)
+
+
+def test_epsilon_greedy_never_picks_a_masked_action():
+    g = torch.Generator().manual_seed(0)
+    E, n, A = 4096, 3, 6
+    q = torch.randn(E, n, A, generator=g)
+    mask = torch.rand(E, n, A, generator=g) < 0.4
+    mask[..., 0] |= ~mask.any(-1)  # at least one allowed action per agent
+    q[..., :] += 100.0 * (~mask)  # masked actions have the highest Q: greedy must skip them
+    for eps in (0.0, 0.3, 1.0):
+        a = epsilon_greedy(q, mask, eps, g)
+        assert bool(mask.gather(-1, a.unsqueeze(-1)).all())
+    # Greedy picks the best allowed action.
+    best = q.masked_fill(~mask, -torch.inf).argmax(-1)
+    assert torch.equal(epsilon_greedy(q, mask, 0.0, g), best)
+    # Epsilon 1 is uniform over the allowed actions of an agent.
+    one = torch.zeros(20000, 1, A, dtype=torch.bool)
+    one[..., [1, 3, 4]] = True
+    counts = torch.bincount(
+        epsilon_greedy(torch.zeros(20000, 1, A), one, 1.0, g).flatten(), None, A
+    )
+    assert counts[[0, 2, 5]].sum() == 0
+    assert (counts[[1, 3, 4]].float() / 20000 - 1 / 3).abs().max() < 0.02
+
+
+# -- collection, buffer, loss --------------------------------------------------------------------
+
+
+def _qmix_cfg(env_name: str, **over) -> C.TrainConfig:
+    return C.load("smac/3m_qmix", {"env.name": env_name, **over})
+
+
+def _collect(env_name: str, num_envs: int, seed: int = 0):
+    env = mappo.envs.make(env_name, num_envs=num_envs, seed=seed)
+    cfg = _qmix_cfg(env_name)
+    torch.manual_seed(seed)
+    nets = QNetworks(env.spec, cfg.model, cfg.algo)
+    env.reset(seed=seed)
+    tracker = EpisodeTracker.create(num_envs, env.spec.stat_names, env.device)
+    collector = EpisodeCollector(env, nets, torch.Generator().manual_seed(seed), tracker)
+    return env, nets, cfg, collector, tracker
+
+
+def test_collector_records_whole_episodes_with_their_end():
+    env, nets, cfg, collector, tracker = _collect("smac/3m", 16)
+    batch, steps = collector.collect(epsilon=1.0)
+    lengths = batch.filled.sum(0)
+    assert steps == int(lengths.sum())
+    assert int(lengths.min()) >= 1 and int(lengths.max()) <= env.spec.episode_limit
+    E = 16
+    for e in range(E):
+        T = int(lengths[e])
+        assert bool(batch.filled[:T, e].all()) and not bool(batch.filled[T:, e].any())
+        # Exactly one end, at the last step, and termination and truncation are exclusive.
+        assert batch.ends[:, e].nonzero().flatten().tolist() == [T - 1]
+        assert not bool(batch.terminated[T - 1, e] & batch.truncated[T - 1, e])
+        # The final state follows (the observations of a lost battle are all zero: every ally
+        # is dead); the padding after it is zero.
+        assert float(batch.state[T, e].abs().sum()) > 0
+        assert float(batch.state[T + 1 :, e].abs().sum()) == 0
+        assert float(batch.obs["allies"][T + 1 :, e].abs().sum()) == 0
+        assert int(batch.actions["allies"][T:, e].abs().sum()) == 0
+    # Every taken action was allowed.
+    mask = batch.action_mask["allies"][:-1]
+    taken = mask.gather(-1, batch.actions["allies"][:-1])[..., 0]
+    assert bool(taken[batch.filled[:-1]].all())
+    # The tracker counted each env's episode once.
+    assert tracker.read()["episodes"] == E
+
+
+def test_collector_final_observation_matches_the_env():
+    """Replaying the recorded actions in a copy of the env gives the recorded observations and
+    the final (pre-reset) observation after the last step."""
+    env, nets, cfg, collector, _ = _collect("smac/3m", 4, seed=3)
+    replay = mappo.envs.make("smac/3m", num_envs=4, seed=3)
+    replay.reset(seed=3)
+    replay.validate_actions = False  # finished envs replay zeros (no action was recorded)
+    env_gen_state = env.generator.get_state()
+    replay.generator.set_state(env_gen_state)
+    batch, _ = collector.collect(epsilon=0.5)
+    step = replay.reset()
+    T = batch.filled.sum(0)
+    for t in range(int(T.max())):
+        live = batch.filled[t]
+        torch.testing.assert_close(step.obs["allies"][live], batch.obs["allies"][t][live])
+        step = replay.step({"allies": batch.actions["allies"][t]})
+        ended = step.done & live
+        torch.testing.assert_close(
+            step.final_obs["allies"][ended], batch.obs["allies"][t + 1][ended]
+        )
+        torch.testing.assert_close(step.reward["allies"].mean(1)[live], batch.reward[t][live])
+
+
+def test_buffer_wraps_around_and_samples_distinct_episodes():
+    env, nets, cfg, collector, _ = _collect("mpe/simple_spread", 3)
+    buf = EpisodeBuffer(collector.batch, capacity=5)
+    marks = []
+    for i in range(3):  # 9 episodes into 5 slots: the oldest 4 are overwritten
+        batch, _ = collector.collect(epsilon=1.0)
+        batch.reward[0] = torch.tensor([10.0 * i + k for k in range(3)])
+        marks += batch.reward[0].tolist()
+        buf.add(batch)
+    assert buf.size == 5 and buf.index == 9 % 5
+    stored = sorted(buf.storage.reward[:, 0].tolist())
+    assert stored == sorted(marks[-5:])
+    g = torch.Generator().manual_seed(0)
+    sample = buf.sample(5, g)
+    assert sample.reward.shape[:2] == (26, 5)  # time-major, the 25-step episodes + final obs
+    assert sorted(sample.reward[0].tolist()) == stored  # without replacement
+    restored = EpisodeBuffer(allocate_episodes(env, 3), capacity=5)
+    restored.load_state_dict(buf.state_dict())
+    assert restored.index == buf.index and restored.size == buf.size
+    assert torch.equal(restored.storage.obs["agents"], buf.storage.obs["agents"])
+
+
+def test_padded_steps_do_not_change_the_loss():
+    env, nets, cfg, collector, _ = _collect("smac/3m", 8)
+    batch, _ = collector.collect(epsilon=1.0)
+    assert not bool(batch.filled[:-1].all())  # some battles ended before others
+    target = QNetworks(env.spec, cfg.model, cfg.algo)
+    for targets in ("one_step", "n_step", "td_lambda"):
+        algo = C.ValueConfig(targets=targets)
+        base = td_loss(nets, target, batch, algo)
+        # Garbage where nothing was filled (after each final observation), and more padding.
+        after_final = ~(batch.filled | torch.cat([batch.filled[:1] & False, batch.filled[:-1]]))
+        noisy = batch.map(lambda x: x.clone())
+        g = torch.Generator().manual_seed(1)
+        noise = torch.randn(noisy.obs["allies"].shape, generator=g) * 100
+        noisy.obs["allies"] += noise * after_final[..., None, None]
+        noisy.state += torch.randn(noisy.state.shape, generator=g) * after_final[..., None]
+        noisy.reward += torch.randn(noisy.reward.shape, generator=g) * after_final
+        longer = noisy.map(lambda x: torch.cat([x, x[-3:]]))
+        longer.filled[-3:] = False
+        longer.terminated[-3:] = False
+        longer.truncated[-3:] = False
+        for other in (noisy, longer):
+            torch.testing.assert_close(td_loss(nets, target, other, algo).loss, base.loss)
+
+
+def test_value_family_refuses_multi_head_actions():
+    with pytest.raises(C.ConfigError, match="one discrete action per agent"):
+        train("mpe/simple_reference", {"algo.name": "qmix", "progress": False})
+
+
+# -- config --------------------------------------------------------------------------------------
+
+
+def test_algo_name_switches_the_family_and_checks_its_keys():
+    cfg = C.load("mpe/simple_spread", ["algo.name=vdn", "algo.lr=0.001"])
+    assert isinstance(cfg.algo, C.ValueConfig) and cfg.algo_name == "vdn"
+    assert C.from_dict(C.to_dict(cfg)).algo == cfg.algo
+    with pytest.raises(C.ConfigError, match="belongs to algo.name=mappo"):
+        C.load("mpe/simple_spread", ["algo.name=qmix", "algo.epochs=3"])
+    with pytest.raises(C.ConfigError, match="did you mean 'algo.mixing_embed_dim'"):
+        C.load("smac/3m_qmix", ["algo.mixing_embd_dim=3"])
+    with pytest.raises(C.ConfigError, match="belongs to algo.name=iql/vdn/qmix"):
+        C.load("mpe/simple_spread", ["algo.td_lambda=0.5"])
+    with pytest.raises(C.ConfigError, match="algo.batch_size"):
+        C.load("smac/3m_qmix", ["algo.batch_size=64", "algo.buffer_size=32"])
+
+
+def test_every_value_preset_loads():
+    names = [p for p in C.list_presets() if p.rsplit("_", 1)[-1] in ("qmix", "vdn", "iql")]
+    assert "smac/3m_qmix" in names and "mpe/simple_spread_vdn" in names
+    for name in names:
+        cfg = C.load(name)
+        assert cfg.algo_name == name.rsplit("_", 1)[-1]
+
+
+# -- end to end ----------------------------------------------------------------------------------
+
+TINY = {
+    "env.num_envs": 4,
+    "total_env_steps": 4 * 25 * 6,
+    "algo.batch_size": 4,
+    "algo.buffer_size": 16,
+    "algo.target_update_interval": 8,
+    "eval_episodes": 4,
+    "eval_interval": 3,
+    "log_interval": 1,
+    "checkpoint_interval": 2,
+    "progress": False,
+    "threads": 1,
+}
+
+
+@pytest.mark.parametrize("algo", ["iql", "vdn", "qmix"])
+@pytest.mark.parametrize("targets", ["one_step", "td_lambda"])
+def test_each_method_trains_evaluates_and_loads(tmp_path, algo, targets):
+    over = {**TINY, "algo.name": algo, "algo.targets": targets, "run_dir": str(tmp_path)}
+    run = train("smac/3m_qmix", over)
+    assert run.dir.parent == tmp_path / "smac/3m" / algo
+    rows = list(csv.DictReader((run.dir / "metrics.csv").open()))
+    last = rows[-1]
+    for key in ("epsilon", "buffer_fill", "loss/td_error_abs", "loss/q_taken_mean"):
+        assert key in last
+    assert float(last["loss/grad_norm"]) > 0
+    assert run.summary["env_steps"] >= 600
+    assert "eval_battle_won" in run.summary
+    policy = mappo.load_policy(run.dir)
+    env = mappo.envs.make("smac/3m", num_envs=2, seed=0)
+    step = env.reset()
+    actions = policy.act(step)
+    env.step(actions)  # checked against the masks by the env
+
+
+def test_soft_targets_and_standardised_rewards_run(tmp_path):
+    over = {
+        **TINY,
+        "algo.name": "qmix",
+        "algo.target_tau": 0.01,
+        "algo.standardise_rewards": True,
+        "algo.optimizer": "adam",
+        "algo.targets": "n_step",
+        "run_dir": str(tmp_path),
+    }
+    run = train("mpe/simple_spread_qmix", over)
+    assert run.summary["env_steps"] == 600
+
+
+VD_RESUME = {**TINY, "algo.targets": "td_lambda", "algo.standardise_rewards": True}
+
+
+def test_value_resume_equals_uninterrupted(tmp_path):
+    full = train("mpe/simple_spread_qmix", {**VD_RESUME, "run_dir": str(tmp_path / "a")})
+    part = train("mpe/simple_spread_qmix", {**VD_RESUME, "run_dir": str(tmp_path / "b")})
+    for p in sorted((part.dir / "checkpoints").glob("iter_*.pt")):
+        if p.name > "iter_00000004.pt":
+            p.unlink()
+    resumed = resume(part.dir)
+    a, b = full.policy.state_dict(), resumed.policy.state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+    assert resumed.summary["eval_return_mean"] == full.summary["eval_return_mean"]
+
+
+def test_value_run_killed_mid_run_resumes_to_the_same_parameters(tmp_path):
+    over = {**VD_RESUME, "total_env_steps": 4 * 25 * 10}
+    ref = train("mpe/simple_spread_qmix", {**over, "run_dir": str(tmp_path / "a")})
+    run_dir = tmp_path / "b"
+    args = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in over.items()]
+    cmd = [sys.executable, "-m", "mappo.cli", "train", "mpe/simple_spread_qmix", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [*cmd, f"run_dir={run_dir}"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(run_dir.rglob("iter_00000002.pt")):
+        time.sleep(0.05)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    (d,) = {p.parent.parent for p in run_dir.rglob("checkpoints/iter_*.pt")}
+    done = subprocess.run(
+        [sys.executable, "-m", "mappo.cli", "train", "--resume", str(d)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    final = load_checkpoint(latest_checkpoint(d))
+    assert final["progress"]["iteration"] == 10
+    for k, v in ref.policy.state_dict().items():
+        torch.testing.assert_close(final["learner"]["policy"][k], v, rtol=0, atol=0)
+
+
+def test_periodic_checkpoints_can_leave_the_buffer_out(tmp_path):
+    over = {**TINY, "algo.buffer_in_checkpoints": False, "run_dir": str(tmp_path)}
+    run = train("mpe/simple_spread_qmix", over)
+    ckpts = sorted((run.dir / "checkpoints").glob("iter_*.pt"))
+    assert load_checkpoint(ckpts[0])["learner"]["buffer"] is None
+    assert load_checkpoint(ckpts[-1])["learner"]["buffer"]["size"] == 16  # the final one has it
+    resumed = resume(run.dir, {"total_env_steps": 800})
+    assert resumed.summary["env_steps"] == 800
+
+
+def test_cli_eval_with_gif_and_bench(tmp_path, capsys):
+    run = train("mpe/simple_spread_vdn", {**TINY, "run_dir": str(tmp_path)})
+    gif = tmp_path / "ep.gif"
+    assert main(["eval", str(run.dir), "--episodes", "4", "--gif", str(gif), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["algo"] == "vdn" and gif.stat().st_size > 0
+    assert main(["bench", "train", "smac/3m_qmix", "--iterations", "2", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["config"] == "qmix" and report["steps_per_second"] > 0
+    assert 0 < report["env_share"] < 1
+
+
+def test_a_short_3m_qmix_run_learns_to_win(tmp_path):
+    before = train("smac/3m_qmix", {**TINY, "total_env_steps": 1, "run_dir": str(tmp_path / "a")})
+    after = train(
+        "smac/3m_qmix",
+        {
+            "total_env_steps": 25_000,
+            "eval_episodes": 64,
+            "eval_interval": 0,
+            "threads": 1,
+            "progress": False,
+            "run_dir": str(tmp_path / "b"),
+        },
+    )
+    assert after.summary["eval_battle_won"] >= before.summary["eval_battle_won"] + 0.3
