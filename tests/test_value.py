@@ -16,10 +16,12 @@ import torch
 
 import mappo
 from mappo import config as C
+from mappo.algos.coma import coma_advantage, counterfactual_baseline, final_step_mask
 from mappo.algos.returns import lambda_targets, n_step_targets
 from mappo.algos.value import epsilon_at, td_loss
 from mappo.cli import main
 from mappo.episodes import EpisodeBuffer, EpisodeCollector, allocate_episodes
+from mappo.nn.coma import ComaCritic, coma_policy
 from mappo.nn.q_agents import QMixer, QNetworks, VDNMixer, epsilon_greedy
 from mappo.rollout import EpisodeTracker
 from mappo.trainer import latest_checkpoint, load_checkpoint, resume, train
@@ -256,6 +258,59 @@ def test_value_family_refuses_multi_head_actions():
         train("mpe/simple_reference", {"algo.name": "qmix", "progress": False})
 
 
+# -- COMA ---------------------------------------------------------------------------------------
+
+
+def test_coma_baseline_and_advantage_by_hand():
+    q = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, -2.0]])
+    pi = torch.tensor([[0.2, 0.3, 0.5], [0.5, 0.5, 0.0]])
+    # 0.2 * 1 + 0.3 * 2 + 0.5 * 3 = 2.3; 0.5 * 4 + 0.5 * 0 = 2.0
+    torch.testing.assert_close(counterfactual_baseline(q, pi), torch.tensor([2.3, 2.0]))
+    adv = coma_advantage(q, pi, torch.tensor([2, 1]))
+    torch.testing.assert_close(adv, torch.tensor([3.0 - 2.3, 0.0 - 2.0]))
+
+
+def test_coma_policy_mixes_epsilon_over_allowed_actions_only():
+    logits = torch.tensor([[2.0, 0.0, 100.0, 0.0]])
+    mask = torch.tensor([[True, True, False, True]])
+    p = coma_policy(logits, mask, 0.3)
+    soft = torch.softmax(torch.tensor([2.0, 0.0, 0.0]), -1)
+    torch.testing.assert_close(p[0, [0, 1, 3]], 0.7 * soft + 0.1)
+    assert float(p[0, 2]) == 0.0
+    torch.testing.assert_close(p.sum(-1), torch.ones(1))
+
+
+def test_coma_critic_sees_the_others_actions_but_not_its_own():
+    env = mappo.envs.make("mpe/simple_spread", num_envs=1)
+    critic = ComaCritic(env.spec, hidden=8)
+    state, obs = torch.randn(2, 1, 54), torch.randn(2, 1, 3, 18)
+    a = torch.tensor([[[1, 2, 3]], [[0, 0, 0]]])
+    b = a.clone()
+    b[0, 0, 0] = 4  # only agent 0's own action changes at step 0
+    xa, xb = critic.inputs(state, obs, a), critic.inputs(state, obs, b)
+    assert torch.equal(xa[0, 0, 0], xb[0, 0, 0])  # agent 0's input ignores its own action
+    assert not torch.equal(xa[0, 0, 1], xb[0, 0, 1])  # agent 1 sees it
+    assert not torch.equal(xa[1, 0, 0], xb[1, 0, 0])  # and so does everyone, as the last action
+
+
+def test_final_step_mask_marks_the_index_after_each_end():
+    ends = torch.tensor([[False, False], [True, False], [False, True], [False, False]])
+    assert final_step_mask(ends).tolist() == [
+        [False, False],
+        [False, False],
+        [True, False],
+        [
+            False,
+            True,
+        ],
+    ]
+
+
+def test_coma_refuses_more_than_one_group():
+    with pytest.raises(C.ConfigError, match="one group"):
+        train("mpe/simple_speaker_listener", {"algo.name": "coma", "progress": False})
+
+
 # -- config --------------------------------------------------------------------------------------
 
 
@@ -274,7 +329,7 @@ def test_algo_name_switches_the_family_and_checks_its_keys():
 
 
 def test_every_value_preset_loads():
-    names = [p for p in C.list_presets() if p.rsplit("_", 1)[-1] in ("qmix", "vdn", "iql")]
+    names = [p for p in C.list_presets() if p.rsplit("_", 1)[-1] in ("qmix", "vdn", "iql", "coma")]
     assert "smac/3m_qmix" in names and "mpe/simple_spread_vdn" in names
     for name in names:
         cfg = C.load(name)
@@ -298,17 +353,35 @@ TINY = {
 }
 
 
-@pytest.mark.parametrize("algo", ["iql", "vdn", "qmix"])
-@pytest.mark.parametrize("targets", ["one_step", "td_lambda"])
+@pytest.mark.parametrize(
+    "algo,targets",
+    [
+        ("iql", "one_step"),
+        ("iql", "td_lambda"),
+        ("vdn", "one_step"),
+        ("vdn", "n_step"),
+        ("qmix", "one_step"),
+        ("qmix", "td_lambda"),
+        ("coma", None),
+    ],
+)
 def test_each_method_trains_evaluates_and_loads(tmp_path, algo, targets):
     over = {**TINY, "algo.name": algo, "algo.targets": targets, "run_dir": str(tmp_path)}
+    if algo == "coma":
+        over = {k: v for k, v in over.items() if not k.startswith("algo.")} | {
+            "algo.name": "coma",
+            "algo.target_update_interval": 20,
+        }
     run = train("smac/3m_qmix", over)
     assert run.dir.parent == tmp_path / "smac/3m" / algo
     rows = list(csv.DictReader((run.dir / "metrics.csv").open()))
     last = rows[-1]
-    for key in ("epsilon", "buffer_fill", "loss/td_error_abs", "loss/q_taken_mean"):
-        assert key in last
-    assert float(last["loss/grad_norm"]) > 0
+    keys = ("epsilon", "loss/q_taken_mean", "loss/target_mean")
+    if algo == "coma":
+        keys += ("loss/critic_loss", "loss/actor_grad_norm", "loss/advantage_mean")
+    else:
+        keys += ("buffer_fill", "loss/td_error_abs", "loss/grad_norm")
+    assert all(key in last for key in keys)
     assert run.summary["env_steps"] >= 600
     assert "eval_battle_won" in run.summary
     policy = mappo.load_policy(run.dir)
@@ -377,6 +450,20 @@ def test_value_run_killed_mid_run_resumes_to_the_same_parameters(tmp_path):
     assert final["progress"]["iteration"] == 10
     for k, v in ref.policy.state_dict().items():
         torch.testing.assert_close(final["learner"]["policy"][k], v, rtol=0, atol=0)
+
+
+def test_coma_resume_equals_uninterrupted(tmp_path):
+    over = {"algo.name": "coma", "env.num_envs": 4, "total_env_steps": 4 * 25 * 6}
+    over |= {k: v for k, v in TINY.items() if not k.startswith(("algo.", "env.", "total"))}
+    full = train("mpe/simple_spread_qmix", {**over, "run_dir": str(tmp_path / "a")})
+    part = train("mpe/simple_spread_qmix", {**over, "run_dir": str(tmp_path / "b")})
+    for p in sorted((part.dir / "checkpoints").glob("iter_*.pt")):
+        if p.name > "iter_00000002.pt":
+            p.unlink()
+    resumed = resume(part.dir)
+    a, b = full.policy.state_dict(), resumed.policy.state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
 
 
 def test_periodic_checkpoints_can_leave_the_buffer_out(tmp_path):

@@ -77,11 +77,12 @@ class ModelConfig:
     policy_gain: float = _field(0.01, "Orthogonal-init gain of the policy head.", low=0.0)
 
 
-ALGO_NAMES = ("mappo", "iql", "vdn", "qmix")
+ALGO_NAMES = ("mappo", "iql", "vdn", "qmix", "coma")
 _NAME_DOC = (
     "Algorithm family: 'mappo' (MAPPO/IPPO and their recurrent forms, on-policy) or a value "
     "decomposition method on an episode replay buffer: 'iql' (independent Q-learning), 'vdn' "
-    "(sum of agent Qs), 'qmix' (monotonic mixing network). Setting it first resets the other "
+    "(sum of agent Qs), 'qmix' (monotonic mixing network); or 'coma' (counterfactual "
+    "multi-agent policy gradients on whole episodes). Setting it first resets the other "
     "algo.* fields to that family's defaults."
 )
 
@@ -200,12 +201,53 @@ class ValueConfig:
     hypernet_embed: int = _field(64, "QMIX hidden width of two-layer hypernetworks.", low=1)
 
 
+@dataclass
+class ComaConfig:
+    """COMA (Foerster et al. 2018, "Counterfactual Multi-Agent Policy Gradients"), on-policy.
+
+    Each iteration plays one episode in each of ``env.num_envs`` envs with the actors' policy
+    (mixed with epsilon-uniform exploration over the allowed actions), trains the centralised
+    critic on them step by step backwards in time against TD(lambda) targets of a target
+    critic, then takes one actor step along the counterfactual advantage. As PyMARL's
+    ``coma_learner`` with ``critic_train_mode: seq``.
+    """
+
+    name: str = _field("coma", _NAME_DOC, choices=ALGO_NAMES)
+    gamma: float = _field(0.99, "Discount factor.", low=0.0, high=1.0)
+    td_lambda: float = _field(0.8, "Lambda of the critic's TD(lambda) targets.", low=0.0, high=1.0)
+    lr: float = _field(5e-4, "Actor learning rate.", low=0.0, low_open=True)
+    critic_lr: float = _field(5e-4, "Critic learning rate.", low=0.0, low_open=True)
+    optimizer: str = _field(
+        "rmsprop", "Optimiser of actor and critic.", choices=("rmsprop", "adam")
+    )
+    optim_alpha: float = _field(0.99, "RMSprop smoothing constant.", low=0.0, high=1.0)
+    optim_eps: float = _field(1e-5, "RMSprop / Adam epsilon.", low=0.0, low_open=True)
+    max_grad_norm: float | None = _field(
+        10.0, "Gradient-norm clip of each network; None = off.", low=0.0, low_open=True
+    )
+    target_update_interval: int = _field(
+        200, "Copy the critic to its target every this many critic steps.", low=1
+    )
+    critic_hidden: int = _field(128, "Width of the critic's two hidden layers.", low=1)
+    entropy_coef: float = _field(0.0, "Entropy bonus of the actor loss (PyMARL: none).", low=0.0)
+    epsilon_start: float = _field(0.5, "Exploration mix at the start.", low=0.0, high=1.0)
+    epsilon_finish: float = _field(0.01, "Exploration mix after the anneal.", low=0.0, high=1.0)
+    epsilon_anneal_steps: int = _field(
+        100_000, "Env steps over which epsilon goes from start to finish.", low=1
+    )
+    epsilon_schedule: str = _field(
+        "linear", "Epsilon schedule over env steps.", choices=("linear", "exponential")
+    )
+    last_action: bool = _field(True, "Feed the agent's previous action (one-hot) to its network.")
+
+
 # Which dataclass holds the algo.* fields of each algorithm name.
 ALGO_CLASSES: dict[str, type] = {
     "mappo": AlgoConfig,
     "iql": ValueConfig,
     "vdn": ValueConfig,
     "qmix": ValueConfig,
+    "coma": ComaConfig,
 }
 
 
@@ -215,7 +257,7 @@ class TrainConfig:
 
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    algo: AlgoConfig | ValueConfig = field(default_factory=AlgoConfig)
+    algo: AlgoConfig | ValueConfig | ComaConfig = field(default_factory=AlgoConfig)
     rollout_length: int = _field(25, "Steps per environment in each rollout (mappo).", low=1)
     total_env_steps: int = _field(
         2_000_000,
@@ -253,8 +295,8 @@ class TrainConfig:
 
     @property
     def family(self) -> str:
-        """``"ppo"`` (mappo) or ``"value"`` (iql, vdn, qmix)."""
-        return "ppo" if self.algo.name == "mappo" else "value"
+        """``"ppo"`` (mappo), ``"value"`` (iql, vdn, qmix) or ``"coma"``."""
+        return {"mappo": "ppo", "coma": "coma"}.get(self.algo.name, "value")
 
     @property
     def steps_per_update(self) -> int:
@@ -456,7 +498,10 @@ def check(cfg: TrainConfig) -> None:
                 f"config field 'algo.batch_size' ({cfg.algo.batch_size}) exceeds "
                 f"'algo.buffer_size' ({cfg.algo.buffer_size}); lower it or enlarge the buffer"
             )
-    elif cfg.algo.num_minibatches > cfg.env.num_envs * cfg.rollout_length:
+    elif (
+        isinstance(cfg.algo, AlgoConfig)
+        and cfg.algo.num_minibatches > cfg.env.num_envs * cfg.rollout_length
+    ):
         raise ConfigError(
             f"config field 'algo.num_minibatches' ({cfg.algo.num_minibatches}) exceeds the "
             f"samples per update ({cfg.env.num_envs * cfg.rollout_length}); lower it"

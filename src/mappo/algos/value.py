@@ -23,7 +23,7 @@ from torch import Tensor
 
 from mappo.algos.mappo import grad_norm
 from mappo.algos.returns import lambda_targets, n_step_targets
-from mappo.config import ValueConfig
+from mappo.config import ComaConfig, ValueConfig
 from mappo.data import EpisodeBatch
 from mappo.nn.normalizers import RunningMeanStd
 from mappo.nn.q_agents import QNetworks, masked_argmax
@@ -31,7 +31,7 @@ from mappo.nn.q_agents import QNetworks, masked_argmax
 # -- exploration -------------------------------------------------------------------------------
 
 
-def epsilon_at(env_steps: int, cfg: ValueConfig) -> float:
+def epsilon_at(env_steps: int, cfg: ValueConfig | ComaConfig) -> float:
     """Epsilon after ``env_steps``: from ``epsilon_start`` to ``epsilon_finish`` over
     ``epsilon_anneal_steps``, linearly or exponentially (``start * (finish / start) ** frac``,
     PyMARL's exponential schedule written so that it reaches ``finish`` at the end), then flat."""
@@ -117,11 +117,15 @@ def td_loss(
 # -- the optimiser and the target network ------------------------------------------------------
 
 
-def make_optimizer(params: list[Tensor], cfg: ValueConfig) -> torch.optim.Optimizer:
-    """RMSprop (PyMARL: alpha 0.99, eps 1e-5) or Adam (EPyMARL, pymarl2)."""
+def make_optimizer(
+    params: list[Tensor], cfg: ValueConfig | ComaConfig, lr: float | None = None
+) -> torch.optim.Optimizer:
+    """RMSprop (PyMARL: alpha 0.99, eps 1e-5) or Adam (EPyMARL, pymarl2), at ``lr`` (default
+    ``cfg.lr``)."""
+    lr = cfg.lr if lr is None else lr
     if cfg.optimizer == "rmsprop":
-        return torch.optim.RMSprop(params, lr=cfg.lr, alpha=cfg.optim_alpha, eps=cfg.optim_eps)
-    return torch.optim.Adam(params, lr=cfg.lr, eps=cfg.optim_eps)
+        return torch.optim.RMSprop(params, lr=lr, alpha=cfg.optim_alpha, eps=cfg.optim_eps)
+    return torch.optim.Adam(params, lr=lr, eps=cfg.optim_eps)
 
 
 @torch.no_grad()

@@ -42,6 +42,10 @@ def make_learner(cfg: TrainConfig, env: BatchedEnv) -> Learner:
         from mappo.learners.ppo import PPOLearner
 
         return PPOLearner(cfg, env)
+    if cfg.family == "coma":
+        from mappo.learners.coma import ComaLearner
+
+        return ComaLearner(cfg, env)
     from mappo.learners.value import ValueLearner
 
     return ValueLearner(cfg, env)
@@ -53,6 +57,10 @@ def build_networks(spec: EnvSpec, cfg: TrainConfig) -> nn.Module:
         from mappo.nn.actor_critic import ActorCritic
 
         return ActorCritic(spec, cfg.model, cfg.algo)
+    if cfg.family == "coma":
+        from mappo.nn.coma import ComaNetworks
+
+        return ComaNetworks(spec, cfg.model, cfg.algo)
     from mappo.nn.q_agents import QNetworks
 
     return QNetworks(spec, cfg.model, cfg.algo)

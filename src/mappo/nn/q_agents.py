@@ -133,27 +133,80 @@ class QMixer(nn.Module):
         return (hidden @ w2).squeeze(-1) + self.value(state)
 
 
-class QNetworks(nn.Module):
-    """Every group's Q-agent and the mixer: what a value-family checkpoint's ``policy`` holds.
+class AgentNetworks(nn.Module):
+    """Every group's recurrent agent network (Q-values, or policy logits for COMA), unrolled over
+    stored episodes or stepped while acting. The acting state of an agent is its recurrent state
+    followed by its previous action (one-hot), both zero when an episode starts."""
 
-    Implements :class:`mappo.acting.Acting`: the acting state of an agent is its recurrent state
-    followed by its previous action (one-hot), both zero when an episode starts.
-    """
-
-    def __init__(self, spec: EnvSpec, model: ModelConfig, algo: ValueConfig) -> None:
+    def __init__(
+        self, spec: EnvSpec, model: ModelConfig, algo_name: str, last_action: bool
+    ) -> None:
         super().__init__()
         self.spec = spec
-        self.explore_epsilon = algo.epsilon_finish
         for name, group in spec.groups.items():
             if group.action.num_heads != 1:
                 raise ConfigError(
-                    f"algo.name={algo.name} needs one discrete action per agent, but group "
+                    f"algo.name={algo_name} needs one discrete action per agent, but group "
                     f"'{name}' has {group.action.num_heads} action heads {group.action.nvec}; "
                     "train this env with algo.name=mappo"
                 )
         self.agents = nn.ModuleDict(
-            {name: QAgent(g, model, algo.last_action) for name, g in spec.groups.items()}
+            {name: QAgent(g, model, last_action) for name, g in spec.groups.items()}
         )
+
+    def unroll(self, obs: dict[str, Tensor], actions: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Outputs ``[L, B, n, A]`` per group over whole episodes that start at step 0;
+        ``actions [L, B, n, 1]`` are the actions taken (their one-hot, shifted by one step, is
+        the previous-action input)."""
+        out = {}
+        for name, agent in self.agents.items():
+            L, B = obs[name].shape[:2]
+            last = None
+            if agent.last_action:
+                taken = F.one_hot(actions[name][..., 0], agent.num_actions).to(obs[name].dtype)
+                last = torch.cat([torch.zeros_like(taken[:1]), taken[:-1]])
+            starts = torch.zeros(L, B, dtype=torch.bool, device=obs[name].device)
+            starts[0] = True
+            state = obs[name].new_zeros(B, obs[name].shape[2], agent.hidden_size)
+            out[name], _ = agent(obs[name], last, state, starts)
+        return out
+
+    def acting_states(self, batch: int, device: torch.device) -> dict[str, Tensor]:
+        return {
+            name: torch.zeros(
+                batch, g.num_agents, self.agents[name].acting_state_size, device=device
+            )
+            for name, g in self.spec.groups.items()
+        }
+
+    def step_agent(
+        self, name: str, obs: Tensor, state: Tensor, starts: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """One step of group ``name``'s agents: ``obs [E, n, ...]``, acting ``state``, ``starts
+        [E]`` -> outputs ``[E, n, A]`` and the recurrent part of the new state."""
+        agent = self.agents[name]
+        state = state * (~starts).to(state.dtype)[:, None, None]
+        hidden, last = state.split([agent.hidden_size, state.shape[-1] - agent.hidden_size], -1)
+        out, hidden = agent(obs.unsqueeze(0), last.unsqueeze(0), hidden, starts.unsqueeze(0))
+        return out[0], hidden
+
+    def next_state(self, name: str, hidden: Tensor, action: Tensor) -> Tensor:
+        """The acting state after ``action [E, n]``."""
+        agent = self.agents[name]
+        if not agent.last_action:
+            return hidden
+        return torch.cat([hidden, F.one_hot(action, agent.num_actions).to(hidden.dtype)], -1)
+
+
+class QNetworks(AgentNetworks):
+    """Every group's Q-agent and the mixer: what a value-family checkpoint's ``policy`` holds.
+
+    Implements :class:`mappo.acting.Acting` with epsilon-greedy actions.
+    """
+
+    def __init__(self, spec: EnvSpec, model: ModelConfig, algo: ValueConfig) -> None:
+        super().__init__(spec, model, algo.name, algo.last_action)
+        self.explore_epsilon = algo.epsilon_finish
         state_dim = math.prod(spec.state_shape)
         self.mixer: nn.Module | None = {
             "iql": lambda: None,
@@ -174,32 +227,6 @@ class QNetworks(nn.Module):
             return q
         return self.mixer(q, state.flatten(q.dim() - 1))
 
-    def unroll(self, obs: dict[str, Tensor], actions: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Q-values ``[L, B, n, A]`` per group over whole episodes that start at step 0;
-        ``actions [L, B, n, 1]`` are the actions taken (their one-hot, shifted by one step, is
-        the previous-action input)."""
-        out = {}
-        for name, agent in self.agents.items():
-            L, B = obs[name].shape[:2]
-            last = None
-            if agent.last_action:
-                taken = F.one_hot(actions[name][..., 0], agent.num_actions).to(obs[name].dtype)
-                last = torch.cat([torch.zeros_like(taken[:1]), taken[:-1]])
-            starts = torch.zeros(L, B, dtype=torch.bool, device=obs[name].device)
-            starts[0] = True
-            state = obs[name].new_zeros(B, obs[name].shape[2], agent.hidden_size)
-            out[name], _ = agent(obs[name], last, state, starts)
-        return out
-
-    # -- acting (the protocol of mappo.acting) ------------------------------------------------
-    def acting_states(self, batch: int, device: torch.device) -> dict[str, Tensor]:
-        return {
-            name: torch.zeros(
-                batch, g.num_agents, self.agents[name].acting_state_size, device=device
-            )
-            for name, g in self.spec.groups.items()
-        }
-
     def act_group(
         self,
         name: str,
@@ -212,12 +239,7 @@ class QNetworks(nn.Module):
         epsilon: float | None = None,
     ) -> GroupAct:
         """Epsilon-greedy (greedy when ``greedy``; ``epsilon`` None = the final epsilon)."""
-        agent = self.agents[name]
-        state = state * (~starts).to(state.dtype)[:, None, None]
-        hidden, last = state.split([agent.hidden_size, state.shape[-1] - agent.hidden_size], -1)
-        q, hidden = agent(obs.unsqueeze(0), last.unsqueeze(0), hidden, starts.unsqueeze(0))
+        q, hidden = self.step_agent(name, obs, state, starts)
         eps = 0.0 if greedy else (self.explore_epsilon if epsilon is None else epsilon)
-        action = epsilon_greedy(q[0], mask, eps, generator)
-        if agent.last_action:
-            hidden = torch.cat([hidden, F.one_hot(action, agent.num_actions).to(hidden.dtype)], -1)
-        return GroupAct(action.unsqueeze(-1), hidden)
+        action = epsilon_greedy(q, mask, eps, generator)
+        return GroupAct(action.unsqueeze(-1), self.next_state(name, hidden, action))

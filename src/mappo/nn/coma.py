@@ -1,0 +1,110 @@
+"""COMA's networks: recurrent actors (the value family's agent network, read as policy logits)
+and the centralised counterfactual critic (Foerster et al. 2018, Section 4).
+
+The critic gives, for one agent, the Q-value of each of its actions with the other agents'
+actions held fixed: its input is the global state, the agent's observation, the other agents'
+actions (one-hot; the agent's own block zeroed), every agent's previous action and the agent's
+id, as PyMARL's ``COMACritic``. Shapes: ``L`` steps, ``B`` episodes, ``n`` agents, ``A``
+actions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mappo.acting import GroupAct
+from mappo.config import ComaConfig, ConfigError, ModelConfig
+from mappo.data import EnvSpec
+from mappo.nn.q_agents import AgentNetworks
+
+
+def coma_policy(logits: Tensor, mask: Tensor | None, epsilon: float) -> Tensor:
+    """Action probabilities ``[..., A]``: the softmax over the allowed actions, mixed with
+    ``epsilon`` of the uniform distribution over them (PyMARL's exploration for COMA)."""
+    if mask is not None:
+        logits = logits.masked_fill(~mask, -torch.inf)
+    probs = torch.softmax(logits, -1)
+    if epsilon > 0.0:
+        allowed = torch.ones_like(probs) if mask is None else mask.to(probs.dtype)
+        probs = (1.0 - epsilon) * probs + epsilon * allowed / allowed.sum(-1, keepdim=True)
+    return probs
+
+
+class ComaCritic(nn.Module):
+    """``Q_a(s, u^-a, .)`` for every agent: ``[L, B] inputs -> [L, B, n, A]``."""
+
+    def __init__(self, spec: EnvSpec, hidden: int) -> None:
+        super().__init__()
+        (group,) = spec.groups.values()
+        n, A = group.num_agents, group.action.total
+        self.n, self.A = n, A
+        width = math.prod(spec.state_shape) + math.prod(group.obs_shape) + 2 * n * A + n
+        self.net = nn.Sequential(
+            nn.Linear(width, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, A),
+        )
+        # others[a] zeroes agent a's own block of the joint action.
+        others = 1.0 - torch.eye(n).repeat_interleave(A, dim=1)  # [n, n * A]
+        self.register_buffer("others", others, persistent=False)
+        self.register_buffer("eye", torch.eye(n), persistent=False)
+
+    def inputs(self, state: Tensor, obs: Tensor, actions: Tensor) -> Tensor:
+        """``state [L, B, *S]``, ``obs [L, B, n, *O]``, ``actions [L, B, n]`` (int64, what each
+        agent takes at step t) -> critic inputs ``[L, B, n, in]``."""
+        L, B = obs.shape[:2]
+        onehot = F.one_hot(actions, self.A).to(obs.dtype).reshape(L, B, 1, -1)
+        last = torch.cat([torch.zeros_like(onehot[:1]), onehot[:-1]])
+        parts = [
+            state.reshape(L, B, 1, -1).expand(-1, -1, self.n, -1),
+            obs.reshape(L, B, self.n, -1),
+            onehot.expand(-1, -1, self.n, -1) * self.others,
+            last.expand(-1, -1, self.n, -1),
+            self.eye.expand(L, B, -1, -1),
+        ]
+        return torch.cat(parts, -1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class ComaNetworks(AgentNetworks):
+    """The actors of the (single) group and the critic: what a COMA checkpoint's ``policy``
+    holds. Acting samples from :func:`coma_policy` (greedy: its most likely action)."""
+
+    def __init__(self, spec: EnvSpec, model: ModelConfig, algo: ComaConfig) -> None:
+        if len(spec.groups) != 1:
+            raise ConfigError(
+                f"algo.name=coma needs the agents in one group (its critic conditions on the "
+                f"joint action); this env has groups {list(spec.groups)}; use algo.name=mappo"
+            )
+        super().__init__(spec, model, algo.name, algo.last_action)
+        self.explore_epsilon = algo.epsilon_finish
+        self.critic = ComaCritic(spec, algo.critic_hidden)
+
+    def act_group(
+        self,
+        name: str,
+        obs: Tensor,
+        state: Tensor,
+        starts: Tensor,
+        mask: Tensor | None,
+        greedy: bool,
+        generator: torch.Generator | None,
+        epsilon: float | None = None,
+    ) -> GroupAct:
+        logits, hidden = self.step_agent(name, obs, state, starts)
+        if greedy:
+            action = coma_policy(logits, mask, 0.0).argmax(-1)
+        else:
+            eps = self.explore_epsilon if epsilon is None else epsilon
+            probs = coma_policy(logits, mask, eps)
+            flat = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator)
+            action = flat.reshape(probs.shape[:-1])
+        return GroupAct(action.unsqueeze(-1), self.next_state(name, hidden, action))
