@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mappo.config import AlgoConfig, ModelConfig
@@ -157,3 +158,21 @@ def test_shared_critic_on_global_state_runs_once_per_env() -> None:
     assert local.critic_inputs["agents"].copies == 3
     separate = ActorCritic(spec, ModelConfig(share_params=False), AlgoConfig())
     assert separate.critics["agents"].head.weight.shape[0] == 3
+
+
+@pytest.mark.parametrize("kind", ["gru", "lstm"])
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_fused_whole_episode_unroll_equals_the_stepwise_one(kind, layer_norm):
+    torch.manual_seed(0)
+    core = RecurrentCore(16, kind, 1, layer_norm)
+    x = torch.randn(7, 5, 3, 16, requires_grad=True)
+    state = torch.randn(5, 3, core.state_size)
+    starts = torch.zeros(7, 5, dtype=torch.bool)
+    starts[0, :2] = True  # the first step may start episodes (the state is zeroed there)
+    loop, loop_state = core(x, state, starts)
+    fused, fused_state = core(x, state, starts, whole_episodes=True)
+    torch.testing.assert_close(fused, loop, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused_state, loop_state, rtol=1e-5, atol=1e-6)
+    (g_loop,) = torch.autograd.grad(loop.square().sum(), x)
+    (g_fused,) = torch.autograd.grad(fused.square().sum(), x)
+    torch.testing.assert_close(g_fused, g_loop, rtol=1e-4, atol=1e-5)

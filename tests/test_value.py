@@ -159,7 +159,7 @@ def _collect(env_name: str, num_envs: int, seed: int = 0):
 
 def test_collector_records_whole_episodes_with_their_end():
     env, nets, cfg, collector, tracker = _collect("smac/3m", 16)
-    batch, steps = collector.collect(epsilon=1.0)
+    batch, steps = collector.collect(epsilon=1.0, seed=0)
     lengths = batch.filled.sum(0)
     assert steps == int(lengths.sum())
     assert int(lengths.min()) >= 1 and int(lengths.max()) <= env.spec.episode_limit
@@ -189,12 +189,9 @@ def test_collector_final_observation_matches_the_env():
     the final (pre-reset) observation after the last step."""
     env, nets, cfg, collector, _ = _collect("smac/3m", 4, seed=3)
     replay = mappo.envs.make("smac/3m", num_envs=4, seed=3)
-    replay.reset(seed=3)
     replay.validate_actions = False  # finished envs replay zeros (no action was recorded)
-    env_gen_state = env.generator.get_state()
-    replay.generator.set_state(env_gen_state)
-    batch, _ = collector.collect(epsilon=0.5)
-    step = replay.reset()
+    batch, _ = collector.collect(epsilon=0.5, seed=11)
+    step = replay.reset(seed=11)
     T = batch.filled.sum(0)
     for t in range(int(T.max())):
         live = batch.filled[t]
@@ -205,6 +202,10 @@ def test_collector_final_observation_matches_the_env():
             step.final_obs["allies"][ended], batch.obs["allies"][t + 1][ended]
         )
         torch.testing.assert_close(step.reward["allies"].mean(1)[live], batch.reward[t][live])
+        # The masks of the final observation are the env's own.
+        torch.testing.assert_close(
+            step.final_action_mask["allies"][ended], batch.action_mask["allies"][t + 1][ended]
+        )
 
 
 def test_buffer_wraps_around_and_samples_distinct_episodes():
@@ -212,7 +213,7 @@ def test_buffer_wraps_around_and_samples_distinct_episodes():
     buf = EpisodeBuffer(collector.batch, capacity=5)
     marks = []
     for i in range(3):  # 9 episodes into 5 slots: the oldest 4 are overwritten
-        batch, _ = collector.collect(epsilon=1.0)
+        batch, _ = collector.collect(epsilon=1.0, seed=i)
         batch.reward[0] = torch.tensor([10.0 * i + k for k in range(3)])
         marks += batch.reward[0].tolist()
         buf.add(batch)
@@ -231,11 +232,11 @@ def test_buffer_wraps_around_and_samples_distinct_episodes():
 
 def test_padded_steps_do_not_change_the_loss():
     env, nets, cfg, collector, _ = _collect("smac/3m", 8)
-    batch, _ = collector.collect(epsilon=1.0)
+    batch, _ = collector.collect(epsilon=1.0, seed=0)
     assert not bool(batch.filled[:-1].all())  # some battles ended before others
     target = QNetworks(env.spec, cfg.model, cfg.algo)
-    for targets in ("one_step", "n_step", "td_lambda"):
-        algo = C.ValueConfig(targets=targets)
+    for targets, double_q in (("one_step", True), ("n_step", False), ("td_lambda", True)):
+        algo = C.ValueConfig(targets=targets, double_q=double_q)
         base = td_loss(nets, target, batch, algo)
         # Garbage where nothing was filled (after each final observation), and more padding.
         after_final = ~(batch.filled | torch.cat([batch.filled[:1] & False, batch.filled[:-1]]))
@@ -343,6 +344,7 @@ TINY = {
     "total_env_steps": 4 * 25 * 6,
     "algo.batch_size": 4,
     "algo.buffer_size": 16,
+    "algo.updates_per_iteration": 1,
     "algo.target_update_interval": 8,
     "eval_episodes": 4,
     "eval_interval": 3,
@@ -488,17 +490,31 @@ def test_cli_eval_with_gif_and_bench(tmp_path, capsys):
     assert 0 < report["env_share"] < 1
 
 
+def test_resume_refuses_keys_the_checkpoint_depends_on(tmp_path, capsys):
+    run = train("mpe/simple_spread_qmix", {**TINY, "run_dir": str(tmp_path)})
+    for bad in ("seed=7", "model.hidden_sizes=[32]", "env.num_envs=8", "algo.name=vdn"):
+        assert main(["train", "--resume", str(run.dir), bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("mappo: error: config field") and "cannot change" in err
+        assert "\n" not in err
+    # A larger budget is fine.
+    assert main(["train", "--resume", str(run.dir), "total_env_steps=700"]) == 0
+
+
+def test_value_config_cross_checks():
+    with pytest.raises(C.ConfigError, match="at least one iteration's episodes"):
+        C.load("smac/3m_qmix", ["env.num_envs=64", "algo.buffer_size=32", "algo.batch_size=8"])
+    cfg = C.TrainConfig(algo=C.AlgoConfig(name="qmix"))
+    with pytest.raises(C.ConfigError, match="ValueConfig"):
+        C.check(cfg)
+
+
 def test_a_short_3m_qmix_run_learns_to_win(tmp_path):
-    before = train("smac/3m_qmix", {**TINY, "total_env_steps": 1, "run_dir": str(tmp_path / "a")})
-    after = train(
-        "smac/3m_qmix",
-        {
-            "total_env_steps": 25_000,
-            "eval_episodes": 64,
-            "eval_interval": 0,
-            "threads": 1,
-            "progress": False,
-            "run_dir": str(tmp_path / "b"),
-        },
+    common = {"eval_episodes": 64, "eval_interval": 0, "threads": 1, "progress": False}
+    before = train(
+        "smac/3m_qmix_fast", {**common, "total_env_steps": 1, "run_dir": str(tmp_path / "a")}
     )
-    assert after.summary["eval_battle_won"] >= before.summary["eval_battle_won"] + 0.3
+    after = train(
+        "smac/3m_qmix_fast", {**common, "total_env_steps": 20_000, "run_dir": str(tmp_path / "b")}
+    )
+    assert after.summary["eval_battle_won"] >= before.summary["eval_battle_won"] + 0.2

@@ -492,6 +492,16 @@ def apply(cfg: TrainConfig, values: dict[str, Any]) -> TrainConfig:
 
 def check(cfg: TrainConfig) -> None:
     """Checks that involve more than one field."""
+    if not isinstance(cfg.algo, ALGO_CLASSES[cfg.algo.name]):
+        raise ConfigError(
+            f"config field 'algo.name' is {cfg.algo.name!r} but the algo section is a "
+            f"{type(cfg.algo).__name__}; build it as {ALGO_CLASSES[cfg.algo.name].__name__}()"
+        )
+    if isinstance(cfg.algo, ValueConfig) and cfg.algo.buffer_size < cfg.env.num_envs:
+        raise ConfigError(
+            f"config field 'algo.buffer_size' ({cfg.algo.buffer_size}) must hold at least one "
+            f"iteration's episodes (env.num_envs = {cfg.env.num_envs}); enlarge it"
+        )
     if isinstance(cfg.algo, ValueConfig):
         if cfg.algo.batch_size > cfg.algo.buffer_size:
             raise ConfigError(

@@ -121,6 +121,9 @@ class EnvStep:
     Equal to ``obs`` where the env did not finish; ``None`` after ``reset``."""
     final_state: Tensor | None = None
     """``[E, *state_shape]`` pre-reset state, as ``final_obs``."""
+    final_action_mask: dict[str, Tensor] = field(default_factory=dict)
+    """Per group with masks, the pre-reset action masks, as ``final_obs``, where the env reports
+    them (the value family's bootstrap at a time limit uses them); absent = not reported."""
     final_agent_state: Mapping[str, Tensor] = field(default_factory=dict)
     """Per group pre-reset agent-specific state, as ``final_obs``. May be a :class:`LazyGroups`
     (computed when first read: only a critic bootstrapping truncated episodes reads it)."""
@@ -245,9 +248,9 @@ class EpisodeBatch:
     Index ``t`` holds what the agents saw before acting at step ``t`` (observation, state, masks,
     alive flags), the actions they took and what that step returned (team reward, terminated,
     truncated). An episode of ``T`` steps fills ``t < T`` (``filled``); index ``T`` holds the
-    observation and state the episode ended on (the bootstrap input of a truncated episode), and
-    its action masks allow every action, because the contract does not report the masks of a
-    final observation. Steps after ``T`` are padding: zeros, ``filled`` False.
+    observation, state and action masks the episode ended on (the bootstrap input of a truncated
+    episode; the masks allow every action where the env does not report final masks). Steps
+    after ``T`` are padding: zeros, masks that allow every action, ``filled`` False.
     """
 
     obs: dict[str, Tensor]  # [L+1, B, n, *obs_shape] float32 per group

@@ -1,6 +1,8 @@
 """Whole episodes for the value family: collection on the batched contract, and the replay buffer.
 
-**Collection.** Each call plays one episode in every env: all envs are reset, step together,
+**Collection.** Each call plays one episode in every env: all envs are reset (with a seed the
+learner derives from the run's seed and the iteration, so that a resumed run replays the same
+episodes on any env, worker-process ones included), step together,
 and an env whose episode has ended waits, masked, until the last one ends (its further steps are
 neither recorded nor counted as env steps). The episodes of a batch therefore all start at step
 0, which is what the agents' recurrent unroll over a stored episode assumes. On fixed-length
@@ -53,6 +55,12 @@ def allocate_episodes(env: BatchedEnv, batch: int) -> EpisodeBatch:
     )
 
 
+def collection_seed(run_seed: int, iteration: int) -> int:
+    """The env seed of a run's ``iteration``-th collection: distinct across runs and iterations
+    (the run seed in the high bits), and never one of the evaluation seeds of small run seeds."""
+    return (run_seed * 2**32 + 2**31 + iteration) % 2**63
+
+
 def _put(target: Tensor, t: int, value: Tensor, where: Tensor) -> None:
     """``target[t] = value`` in the envs where ``where [E]`` is True."""
     shape = (-1,) + (1,) * (value.dim() - 1)
@@ -72,15 +80,18 @@ class EpisodeCollector:
         self.batch = allocate_episodes(env, env.num_envs)
 
     @torch.no_grad()
-    def collect(self, epsilon: float) -> tuple[EpisodeBatch, int]:
-        """Fill :attr:`batch` with one epsilon-greedy episode per env; returns it (reused by the
-        next call) and the number of env steps its episodes took."""
+    def collect(self, epsilon: float, seed: int) -> tuple[EpisodeBatch, int]:
+        """Fill :attr:`batch` with one epsilon-greedy episode per env, the envs reset with
+        ``seed``; returns the batch (reused by the next call) and the env steps it took."""
         env, b = self.env, self.batch
-        # Steps after an episode's end stay zero: nothing stale reaches the buffer, so a resumed
-        # run stores exactly what an uninterrupted one does.
+        # Steps after an episode's end stay zero (nothing stale reaches the buffer, so a resumed
+        # run stores exactly what an uninterrupted one does), and their masks allow every action
+        # (a target's max over a padded step stays finite; the loss gives it no weight).
         b.map(torch.Tensor.zero_)
+        for mask in b.action_mask.values():
+            mask.fill_(True)
         E, L = env.num_envs, env.spec.episode_limit
-        step = env.reset()
+        step = env.reset(seed=seed)
         states = self.policy.acting_states(E, env.device)
         starts = torch.ones(E, dtype=torch.bool, device=env.device)
         active = torch.ones(E, dtype=torch.bool, device=env.device)
@@ -113,12 +124,13 @@ class EpisodeCollector:
             b.filled[t] = active
             ended = step.done & active
             # The observation the episode ended on goes after its last step (the bootstrap input
-            # of a truncated episode); the contract does not report its masks: allow all.
+            # of a truncated episode), with its masks where the env reports them.
             for name in step.obs:
                 _put(b.obs[name], t + 1, step.final_obs[name], ended)
                 _put(b.alive[name], t + 1, torch.ones_like(step.alive[name]), ended)
-            for mask in b.action_mask.values():
-                _put(mask, t + 1, torch.ones_like(mask[t]), ended)
+            for name, final_mask in step.final_action_mask.items():
+                if name in b.action_mask:
+                    _put(b.action_mask[name], t + 1, final_mask, ended)
             _put(b.state, t + 1, step.final_state, ended)
             active = active & ~step.done
             if not bool(active.any()):
@@ -175,7 +187,8 @@ class EpisodeBuffer:
         return {
             "index": self.index,
             "size": self.size,
-            "episodes": self.storage.map(lambda x: x[: self.size]).fields(),
+            # Copies: a view would save the whole preallocated storage.
+            "episodes": self.storage.map(lambda x: x[: self.size].clone()).fields(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -267,15 +267,41 @@ def resume(run_dir: str | Path, overrides: list[str] | dict[str, Any] | None = N
     if not path.is_dir():
         raise CheckpointError(f"run directory '{path}' does not exist")
     ckpt = load_checkpoint(latest_checkpoint(path))
+    saved = config_mod.from_dict(ckpt["config"])
     cfg = config_mod.from_dict(ckpt["config"])
     if overrides:
         cfg = config_mod.apply(
             cfg, config_mod.parse_overrides(overrides) if isinstance(overrides, list) else overrides
         )
+    _check_resumable(saved, cfg)
     trainer = Trainer(cfg, checkpoint=ckpt)
     trainer.run_dir = path
     config_mod.save(cfg, path / "config.yaml")
     return _run(trainer, resume_step=trainer.env_steps)
+
+
+# What a checkpoint's state depends on: these keys cannot change when a run is resumed.
+_FIXED_ON_RESUME = ("seed", "env.name", "env.num_envs", "env.kwargs", "algo.name", "model.")
+_FIXED_ALGO_KEYS = (
+    "algo.buffer_size",
+    "algo.last_action",
+    "algo.critic_input",
+    "algo.critic_hidden",
+)
+
+
+def _check_resumable(saved: TrainConfig, cfg: TrainConfig) -> None:
+    """Refuse overrides that the checkpoint's state cannot follow (shapes, the env, the seed)."""
+    old = config_mod._flatten(config_mod.to_dict(saved))
+    new = config_mod._flatten(config_mod.to_dict(cfg))
+    for key in new:
+        fixed = key.startswith(_FIXED_ON_RESUME) or key in _FIXED_ALGO_KEYS
+        if fixed and old.get(key) != new[key]:
+            raise config_mod.ConfigError(
+                f"config field '{key}' cannot change when resuming ({old.get(key)!r} -> "
+                f"{new[key]!r}); the keys fixed on resume are seed, env.*, model.*, algo.name "
+                "and the algorithm's network and buffer sizes. Start a new run instead"
+            )
 
 
 def _run(trainer: Trainer, resume_step: int | None) -> Run:

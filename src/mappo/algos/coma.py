@@ -34,10 +34,12 @@ def actor_loss(
     """Policy-gradient loss ``-mean(A * log pi(u))`` minus the entropy bonus, over the entries
     where ``weight`` (0/1, ``[...]``) is 1; returns the loss and the mean entropy."""
     count = weight.sum().clamp_min(1.0)
+    keep = weight.bool()
     log_taken = probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1).clamp_min(1e-10).log()
     entropy = -(probs * probs.clamp_min(1e-10).log()).sum(-1)
-    pg = -(advantages.detach() * log_taken * weight).sum() / count
-    ent = (entropy * weight).sum() / count
+    # where, not a product: whatever a padded step holds must not reach the gradient.
+    pg = -torch.where(keep, advantages.detach() * log_taken, 0.0).sum() / count
+    ent = torch.where(keep, entropy, 0.0).sum() / count
     return pg - entropy_coef * ent, ent
 
 

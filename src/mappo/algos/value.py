@@ -103,7 +103,8 @@ def td_loss(
             targets = n_step_targets(rewards, next_values, term, ends, cfg.gamma, n)
     weight = filled.unsqueeze(-1).to(q_taken.dtype).expand_as(q_taken)
     count = weight.sum().clamp_min(1.0)
-    error = (q_taken - targets) * weight
+    # where, not a product: a padded step's target may be anything, even infinite.
+    error = torch.where(weight.bool(), q_taken - targets, 0.0)
     loss = error.square().sum() / count
     with torch.no_grad():
         return TDTerms(

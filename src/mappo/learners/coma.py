@@ -21,7 +21,7 @@ from mappo.algos.value import epsilon_at, make_optimizer
 from mappo.config import ComaConfig, TrainConfig
 from mappo.data import EpisodeBatch
 from mappo.envs.base import BatchedEnv
-from mappo.episodes import EpisodeCollector
+from mappo.episodes import EpisodeCollector, collection_seed
 from mappo.learners.ppo import generator
 from mappo.nn.coma import ComaNetworks, coma_policy
 from mappo.rollout import EpisodeTracker
@@ -46,7 +46,7 @@ class ComaLearner:
             list(self.policy.critic.parameters()), self.algo, lr=self.algo.critic_lr
         )
         self.act_gen = generator(self.device, cfg.seed + 1)
-        env.reset(seed=cfg.seed)
+        # Every collection resets the envs with its own seed: no env state is carried over.
         env.validate_actions = False
         self.env = env
         self.tracker = EpisodeTracker.create(env.num_envs, env.spec.stat_names, self.device)
@@ -59,7 +59,9 @@ class ComaLearner:
         self.epsilon = epsilon_at(env_steps, self.algo)
         t0 = time.perf_counter()
         self.policy.eval()
-        episodes, steps = self.collector.collect(self.epsilon)
+        episodes, steps = self.collector.collect(
+            self.epsilon, collection_seed(self.cfg.seed, iteration)
+        )
         T = int(episodes.filled.sum(0).max())
         batch = episodes.map(lambda x: x[: T + 1])
         t1 = time.perf_counter()
@@ -149,7 +151,7 @@ class ComaLearner:
                 "actor": self.actor_optim.state_dict(),
                 "critic": self.critic_optim.state_dict(),
             },
-            "rng": {"act": self.act_gen.get_state(), "env": self.env.generator.get_state()},
+            "rng": {"act": self.act_gen.get_state()},
             "critic_steps": self.critic_steps,
             "last_target_update": self.last_target_update,
             "tracker": self.tracker.state_dict(),
@@ -161,7 +163,6 @@ class ComaLearner:
         self.actor_optim.load_state_dict(state["optim"]["actor"])
         self.critic_optim.load_state_dict(state["optim"]["critic"])
         self.act_gen.set_state(state["rng"]["act"])
-        self.env.generator.set_state(state["rng"]["env"])
         self.critic_steps = int(state["critic_steps"])
         self.last_target_update = int(state["last_target_update"])
         self.tracker.load_state_dict(state["tracker"])

@@ -18,7 +18,7 @@ import torch
 from mappo.algos.value import epsilon_at, make_optimizer, update
 from mappo.config import TrainConfig, ValueConfig
 from mappo.envs.base import BatchedEnv
-from mappo.episodes import EpisodeBuffer, EpisodeCollector
+from mappo.episodes import EpisodeBuffer, EpisodeCollector, collection_seed
 from mappo.learners.ppo import generator
 from mappo.nn.normalizers import RunningMeanStd
 from mappo.nn.q_agents import QNetworks
@@ -44,8 +44,8 @@ class ValueLearner:
         )
         self.act_gen = generator(self.device, cfg.seed + 1)
         self.sample_gen = generator(torch.device("cpu"), cfg.seed + 2)
-        env.reset(seed=cfg.seed)
-        # The learner's own actions are always well formed; skip the per-step checks.
+        # The learner's own actions are always well formed; skip the per-step checks. Every
+        # collection resets the envs with its own seed, so no env state is carried over.
         env.validate_actions = False
         self.env = env
         self.tracker = EpisodeTracker.create(env.num_envs, env.spec.stat_names, self.device)
@@ -61,7 +61,9 @@ class ValueLearner:
         self.epsilon = epsilon_at(env_steps, algo)
         t0 = time.perf_counter()
         self.policy.eval()
-        episodes, steps = self.collector.collect(self.epsilon)
+        episodes, steps = self.collector.collect(
+            self.epsilon, collection_seed(self.cfg.seed, iteration)
+        )
         self.buffer.add(episodes)
         self.episodes += self.env.num_envs
         t1 = time.perf_counter()
@@ -103,11 +105,7 @@ class ValueLearner:
             "target": self.target.state_dict(),
             "optim": self.optim.state_dict(),
             "reward_norm": None if self.reward_norm is None else self.reward_norm.state_dict(),
-            "rng": {
-                "act": self.act_gen.get_state(),
-                "sample": self.sample_gen.get_state(),
-                "env": self.env.generator.get_state(),
-            },
+            "rng": {"act": self.act_gen.get_state(), "sample": self.sample_gen.get_state()},
             "episodes": self.episodes,
             "last_target_update": self.last_target_update,
             "buffer": self.buffer.state_dict() if keep_buffer else None,
@@ -122,7 +120,6 @@ class ValueLearner:
             self.reward_norm.load_state_dict(state["reward_norm"])
         self.act_gen.set_state(state["rng"]["act"])
         self.sample_gen.set_state(state["rng"]["sample"])
-        self.env.generator.set_state(state["rng"]["env"])
         self.episodes = int(state["episodes"])
         self.last_target_update = int(state["last_target_update"])
         if state["buffer"] is not None:

@@ -45,12 +45,17 @@ class Trunk(nn.Module):
         return self.rnn.state_size if self.rnn is not None else 0
 
     def forward(
-        self, x: Tensor, state: Tensor, starts: Tensor, inject: Tensor | None = None
+        self,
+        x: Tensor,
+        state: Tensor,
+        starts: Tensor,
+        inject: Tensor | None = None,
+        whole_episodes: bool = False,
     ) -> tuple[Tensor, Tensor]:
         h = self.mlp(x)
         if self.rnn is None:
             return h, state
-        return self.rnn(h, state, starts, inject)
+        return self.rnn(h, state, starts, inject, whole_episodes)
 
 
 class Actor(nn.Module):

@@ -125,7 +125,12 @@ class RecurrentCore(nn.Module):
         return self.size if self.kind == "gru" else 2 * self.size
 
     def forward(
-        self, x: Tensor, state: Tensor, starts: Tensor, inject: Tensor | None = None
+        self,
+        x: Tensor,
+        state: Tensor,
+        starts: Tensor,
+        inject: Tensor | None = None,
+        whole_episodes: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """Run a sequence.
 
@@ -136,9 +141,14 @@ class RecurrentCore(nn.Module):
                 zeroed before it is used).
             inject: optional ``[L, *B, C, state_size]`` added to the state after that reset,
                 to restore a stored state mid-sequence (zeros elsewhere).
+            whole_episodes: the caller promises that episodes start only at the first step
+                (whole stored episodes, as the value family trains on): with shared parameters
+                the sequence then runs in torch's fused recurrent kernel, the same cell.
         Returns:
             ``([L, *B, C, H]`` outputs, ``[*B, C, state_size]`` final state).
         """
+        if whole_episodes and inject is None and self.input_proj.copies == 1:
+            return self._fused(x, state * (1.0 - starts[0].to(x.dtype))[..., None, None])
         keep = (1.0 - starts.to(x.dtype)).unsqueeze(-1).unsqueeze(-1)  # [L, *B, 1, 1]
         # unbind (not projected[t]): its backward is one stack, where indexing would zero-fill
         # a full-size gradient buffer for every time step.
@@ -152,6 +162,31 @@ class RecurrentCore(nn.Module):
             out, state = self._cell(projected[t], state)
             outputs.append(out)
         return self.norm(torch.stack(outputs)), state
+
+    def _fused(self, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        """The whole sequence in ``torch.gru`` / ``torch.lstm``: their gates come in the order
+        of :meth:`_cell` (r, z, n and i, f, g, o) with the same equations, so the weights are
+        used as they are."""
+        L, lead, H = x.shape[0], x.shape[1:-1], self.size
+        weights = [
+            self.input_proj.weight[0].T,
+            self.hidden_proj.weight[0].T,
+            self.input_proj.bias[0],
+            self.hidden_proj.bias[0],
+        ]
+        seq = x.reshape(L, -1, x.shape[-1])
+        if self.kind == "gru":
+            out, h = torch.gru(
+                seq, state.reshape(1, -1, H), weights, True, 1, 0.0, True, False, False
+            )
+            new_state = h.reshape(*lead, H)
+        else:
+            h0, c0 = state.reshape(1, -1, 2 * H).chunk(2, -1)
+            out, h, c = torch.lstm(
+                seq, (h0.contiguous(), c0.contiguous()), weights, True, 1, 0.0, True, False, False
+            )
+            new_state = torch.cat([h, c], -1).reshape(*lead, 2 * H)
+        return self.norm(out.reshape(L, *lead, H)), new_state
 
     def _cell(self, gx: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         if self.kind == "gru":

@@ -52,17 +52,24 @@ class QAgent(nn.Module):
         return self.hidden_size + (self.num_actions if self.last_action else 0)
 
     def forward(
-        self, obs: Tensor, last_action: Tensor | None, state: Tensor, starts: Tensor
+        self,
+        obs: Tensor,
+        last_action: Tensor | None,
+        state: Tensor,
+        starts: Tensor,
+        whole_episodes: bool = False,
     ) -> tuple[Tensor, Tensor]:
         """``obs [L, B, n, *obs_shape]``, ``last_action [L, B, n, A]`` (one-hot, zeros at an
-        episode start), ``state [B, n, H]``, ``starts [L, B]`` -> Q ``[L, B, n, A]``, state."""
+        episode start), ``state [B, n, H]``, ``starts [L, B]`` -> Q ``[L, B, n, A]``, state.
+        ``whole_episodes``: every sequence is one episode from its first step."""
         x = obs.flatten(3) if obs.dim() > 4 else obs
         parts = [x]
         if self.last_action:
             parts.append(last_action)
         if self.agent_id:
             parts.append(self.eye.expand(*x.shape[:-1], -1))
-        h, state = self.trunk(torch.cat(parts, -1) if len(parts) > 1 else x, state, starts)
+        x = torch.cat(parts, -1) if len(parts) > 1 else x
+        h, state = self.trunk(x, state, starts, whole_episodes=whole_episodes)
         return self.head(h), state
 
 
@@ -168,7 +175,7 @@ class AgentNetworks(nn.Module):
             starts = torch.zeros(L, B, dtype=torch.bool, device=obs[name].device)
             starts[0] = True
             state = obs[name].new_zeros(B, obs[name].shape[2], agent.hidden_size)
-            out[name], _ = agent(obs[name], last, state, starts)
+            out[name], _ = agent(obs[name], last, state, starts, whole_episodes=True)
         return out
 
     def acting_states(self, batch: int, device: torch.device) -> dict[str, Tensor]:

@@ -482,6 +482,7 @@ class SMACEnv(BatchedEnv):
             ),
             final_obs={"allies": final_obs},
             final_state=final_state,
+            final_action_mask={"allies": final_mask},
             # Only a critic bootstrapping truncated episodes reads it: built on demand.
             final_agent_state=(
                 LazyGroups(
