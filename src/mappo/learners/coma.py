@@ -128,7 +128,7 @@ class ComaLearner:
             "critic_grad_norm": float(critic_norm_sum) / T,
             "actor_loss": float(loss.detach()),
             "actor_grad_norm": float(actor_norm),
-            "entropy": float(entropy),
+            "entropy": float(entropy.detach()),
             "advantage_mean": float((advantages * filled).sum() / count),
             "q_taken_mean": float(
                 (q.gather(-1, actions[:-1].unsqueeze(-1)).squeeze(-1) * filled).sum() / count
