@@ -296,3 +296,31 @@ def test_train_does_not_touch_global_rng(tmp_path):
     before = torch.get_rng_state()
     train("mpe/simple_spread", {**TINY, "run_dir": str(tmp_path), "total_env_steps": 200})
     assert torch.equal(before, torch.get_rng_state())
+
+
+def test_a_format_1_checkpoint_still_resumes(tmp_path):
+    """Checkpoints written before the learner layout (format 1: a MAPPO run's fields side by
+    side) are converted on load, so runs started with an older version can be resumed."""
+    run = train("mpe/simple_spread", {**TINY, "run_dir": str(tmp_path), "threads": 1})
+    path = latest_checkpoint(run.dir)
+    new = load_checkpoint(path)
+    learner, collector = new["learner"], new["learner"]["collector"]
+    old = {
+        "format": 1,
+        "config": new["config"],
+        "spec": new["spec"],
+        **new["progress"],
+        "policy": learner["policy"],
+        "optim_actor": learner["optim"]["actor"],
+        "optim_critic": learner["optim"]["critic"],
+        "rng": {**learner["rng"], "env": collector["env"]["rng"]},
+        "env_state": collector["env"]["state"],
+        **{k: collector[k] for k in ("step", "actor_states", "critic_states", "starts")},
+        "tracker": collector["tracker"],
+    }
+    torch.save(old, path)
+    converted = load_checkpoint(path)
+    assert converted["format"] == 2
+    assert converted["progress"] == new["progress"]
+    resumed = resume(run.dir, {"total_env_steps": 8 * 25 * 4})
+    assert resumed.summary["env_steps"] == 800
