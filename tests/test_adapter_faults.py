@@ -18,7 +18,7 @@ import pytest
 import torch
 from test_adapter_envs import pid_alive, tiny
 
-from mappo.envs import EnvError
+from mappo.envs import EnvError, make
 from mappo.envs.adapters import EnvWorkerError, PettingZooAdapter
 
 pytest.importorskip("pettingzoo")
@@ -83,6 +83,37 @@ def test_a_hanging_env_is_reported_after_the_timeout_with_its_stack() -> None:
     if hasattr(signal, "SIGUSR1"):
         assert "_hang_forever" in info.value.remote_traceback
     assert_cleaned_up(pids, shm)
+
+
+def test_a_timeout_needs_worker_processes() -> None:
+    # In-process nothing could interrupt a hanging step, so an explicit timeout is refused,
+    # even one equal to the default value, before any env is built.
+    expected = (
+        "tiny: timeout needs worker processes: with num_workers=0 a hanging step cannot be "
+        "interrupted; set num_workers>=1 or drop timeout"
+    )
+    hangs = tiny(fault="hang", fault_seed=0)
+    for timeout in (2.0, 60):
+        with pytest.raises(EnvError) as info:
+            PettingZooAdapter(hangs, num_envs=2, num_workers=0, timeout=timeout, name="tiny")
+        assert str(info.value) == expected
+    # The same through a config name, where the adapter options come with the env kwargs.
+    with pytest.raises(EnvError, match="^pettingzoo:test_adapter_envs:TinyEnv: timeout needs"):
+        make("pettingzoo:test_adapter_envs:TinyEnv", num_envs=1, num_workers=0, timeout=5)
+    # Without an explicit timeout the envs run in-process as before.
+    with PettingZooAdapter(tiny(), num_envs=2, num_workers=0, name="tiny") as env:
+        env.reset(seed=0)
+        assert env.step(ones(env)).reward["agent"].shape == (2, 2)
+    # The fix the message names works: one worker, and the hanging step is stopped in time.
+    env = PettingZooAdapter(hangs, num_envs=2, num_workers=1, timeout=1.0, name="tiny")
+    pids, shm = env.worker_pids, env._buffers.name
+    env.reset(seed=0)
+    env.step(ones(env))
+    start = time.monotonic()
+    with pytest.raises(EnvWorkerError, match="worker 0 .* did not finish step within 1 s"):
+        env.step(ones(env))
+    assert time.monotonic() - start < 30
+    assert wait_until_gone(pids) == [] and not shm_exists(shm)
 
 
 def test_a_killed_worker_is_reported() -> None:

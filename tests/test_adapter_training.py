@@ -156,7 +156,7 @@ def test_every_preset_trains_from_the_command_line(
     )
     assert "result:" in capsys.readouterr().out
     name = PRESETS[preset][0]
-    assert run.parent == tmp_path / name.replace(":", "/") / "rmappo"
+    assert run.parent == tmp_path / preset / "rmappo"  # named after the preset
     assert C.load(str(run / "config.yaml")).env.name == name
     summary = json.loads((run / "summary.json").read_text())
     assert summary["env_steps"] == 32 and summary["iterations"] == 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -435,16 +436,108 @@ def test_a_missing_package_names_the_extra_to_install(
 
 
 def test_unknown_modules_are_reported_plainly() -> None:
-    with pytest.raises(EnvError, match="pip install no_such_package_xyz"):
+    # No `pip install <name>` for a name the project does not know: that could install an
+    # unrelated package of the same name; the usual cause is a folder missing from PYTHONPATH.
+    with pytest.raises(EnvError) as info:
         make("pettingzoo:no_such_package_xyz.env_v0", num_envs=1, num_workers=0)
-    with pytest.raises(EnvError, match="there is no module 'mpe2.no_such_env'"):
+    assert str(info.value) == (
+        "pettingzoo:no_such_package_xyz.env_v0: module 'no_such_package_xyz' is not importable; "
+        "is its folder on PYTHONPATH, or is it installed?"
+    )
+    with pytest.raises(EnvError) as info:
+        make("gymnasium:no_such_package_xyz:Thing-v0", num_envs=1, num_workers=0)
+    assert "'no_such_package_xyz' is not importable" in str(info.value)
+    assert "pip" not in str(info.value)
+    with pytest.raises(EnvError, match="there is no module 'mpe2.no_such_env' in package 'mpe2'"):
         make("pettingzoo:mpe2.no_such_env", num_envs=1, num_workers=0)
+
+
+MODULES = {
+    # A module of the user's own, found only once its folder is on sys.path.
+    "my_env_ok": "from test_adapter_envs import TinyEnv as parallel_env\n",
+    "my_env_raises": "raise RuntimeError('bad config\\nsecond line')\n",
+    "my_env_syntax": "def parallel_env(:\n",
+    "my_env_needs_dep": "import no_such_dependency_xyz\n",
+    "my_env_needs_extra": "import rware\n",
+}
+
+
+@pytest.fixture
+def user_modules(tmp_path: Path) -> Iterator[Path]:
+    """A folder holding :data:`MODULES` (not on ``sys.path``); the modules are forgotten after
+    the test so that each test imports them afresh."""
+    for module, source in MODULES.items():
+        (tmp_path / f"{module}.py").write_text(source)
+    yield tmp_path
+    for module in MODULES:
+        sys.modules.pop(module, None)
+
+
+def test_a_user_module_off_the_path_asks_about_pythonpath(
+    user_modules: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(EnvError) as info:
+        make("pettingzoo:my_env_ok", num_envs=1, num_workers=0)
+    assert str(info.value) == (
+        "pettingzoo:my_env_ok: module 'my_env_ok' is not importable; is its folder on "
+        "PYTHONPATH, or is it installed?"
+    )
+    monkeypatch.syspath_prepend(str(user_modules))  # the fix the message names
+    env = make("pettingzoo:my_env_ok", num_envs=1, num_workers=0)
+    assert env.spec.groups["agent"].num_agents == 2
+    env.close()
+
+
+@pytest.mark.parametrize(
+    ("module", "message"),
+    [
+        (
+            "my_env_raises",
+            "importing module 'my_env_raises' raised RuntimeError: bad config; fix the error in "
+            "that module",
+        ),
+        (
+            "my_env_syntax",
+            "importing module 'my_env_syntax' raised SyntaxError: ",  # then the file and line
+        ),
+        (
+            "my_env_needs_dep",
+            "importing module 'my_env_needs_dep' raised ModuleNotFoundError: No module named "
+            "'no_such_dependency_xyz'; fix that import in the module or install what it needs",
+        ),
+    ],
+)
+def test_a_module_that_raises_on_import_is_one_line(
+    user_modules: Path, monkeypatch: pytest.MonkeyPatch, module: str, message: str
+) -> None:
+    monkeypatch.syspath_prepend(str(user_modules))
+    with pytest.raises(EnvError) as info:
+        make(f"pettingzoo:{module}", num_envs=1, num_workers=0)
+    text = str(info.value)
+    assert text.startswith(f"pettingzoo:{module}: {message}")
+    if module == "my_env_syntax":
+        assert "(my_env_syntax.py, line 1); fix the error in that module" in text
+    assert "\n" not in text and "Traceback" not in text and "pip" not in text
+
+
+def test_a_user_module_that_needs_a_missing_extra_names_the_extra(
+    user_modules: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(user_modules))
+    monkeypatch.setitem(sys.modules, "rware", None)  # makes the import fail
+    with pytest.raises(EnvError) as info:
+        make("pettingzoo:my_env_needs_extra", num_envs=1, num_workers=0)
+    assert str(info.value) == (
+        "pettingzoo:my_env_needs_extra needs the Python package 'rware', which is not installed; "
+        "install it with `pip install 'mappo[rware]'`"
+    )
 
 
 def test_the_python_example_in_the_docs_runs(capsys: pytest.CaptureFixture[str]) -> None:
     text = (Path(__file__).parents[1] / "docs" / "custom_envs.md").read_text()
     (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
-    namespace: dict = {}
+    assert 'if __name__ == "__main__":' in block  # the worker processes import the script
+    namespace: dict = {"__name__": "__main__"}
     exec(compile(block, "custom_envs.md", "exec"), namespace)
     printed = capsys.readouterr().out.strip()
     assert f"# {printed}" in block  # the output shown in the docs

@@ -121,48 +121,6 @@ def _digest(folder: Path) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["train", "mpe/simple_spread", "algo.epoch=3"], "did you mean 'algo.epochs'"),
-        (["train", "mpe/simple_spread", "algo.epochs=many"], "'algo.epochs' must be an integer"),
-        (["train", "mpe/simple_spread", "algo.gamma=2"], "'algo.gamma' must be <= 1"),
-        (["train", "missing.yaml"], "does not exist"),
-        (["train", "mpe/simple_sprd"], "did you mean 'mpe/simple_spread'"),
-        (["train"], "give a preset name or a YAML file"),
-        (["train", "mpe/simple_spread", "env.name=mpe/nope"], "unknown environment 'mpe/nope'"),
-        (["train", "mpe/simple_spread", "env.kwargs={num_agents: 0}"], "num_agents"),
-        (["train", "mpe/simple_spread", "env.kwargs={bogus: 1}"], "bogus"),
-        (["train", "mpe/simple_spread", "env.kwargs.bogus=1"], "bogus"),
-        (["train", "--resume", "no/such/run"], "does not exist"),
-        (["eval", "no/such/run"], "does not exist"),
-        (["train", "mpe/simple_spread", "device=cuda:0"], None),
-        (["bench", "frobnicate"], "invalid choice"),
-        (["train", "mpe/simple_spread", "wandb=true"], "Weights & Biases is not installed"),
-        (["eval"], "required"),
-    ],
-)
-def test_user_errors_exit_2_with_one_line(argv, message, capsys, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    if argv[-1] == "device=cuda:0":
-        import torch
-
-        if torch.cuda.is_available():
-            pytest.skip("this machine has CUDA")  # the error path exists only without a GPU
-        message = "no CUDA device is available"
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # argparse's own errors
-        code = exc.code
-    _, err = capsys.readouterr()
-    assert code == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("mappo: error:"), err
-    assert message in lines[0]
-    assert "Traceback" not in err
-    assert not (tmp_path / "runs").exists()  # nothing was started
-
-
 def test_bad_resume_leaves_the_run_untouched(trained, capsys, tmp_path):
     before = _digest(trained)
     code, _, err = _run(capsys, "train", "--resume", str(trained), "algo.epochs=0")

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from toy_env import MatchEnv
 
 from mappo.envs import EnvError, EnvStep, make
 from mappo.envs.rendering import random_actions, record_episode, save_gif
@@ -83,3 +84,64 @@ def test_save_gif(tmp_path: Path) -> None:
         save_gif([], tmp_path / "empty.gif")
     with pytest.raises(ValueError, match=r"expected \[H, W, 3\] uint8"):
         save_gif([np.zeros((4, 4), dtype=np.uint8)], tmp_path / "bad.gif")
+
+
+# -- envs that cannot render -------------------------------------------------------------------
+class _RendersNothing(MatchEnv):
+    """A toy env whose render returns ``None`` (as a Gymnasium env without a render mode does)."""
+
+    def render(self, env_index: int = 0, size: int = 400) -> None:
+        return None
+
+
+class _RendersGrey(MatchEnv):
+    """A toy env whose render returns a grey-scale ``[H, W]`` float image."""
+
+    def render(self, env_index: int = 0, size: int = 400) -> np.ndarray:
+        return np.zeros((size, size))
+
+
+class _RefusesToRender(MatchEnv):
+    def render(self, env_index: int = 0, size: int = 400) -> np.ndarray:
+        raise NotImplementedError("no display list\nsecond line")
+
+
+@pytest.mark.parametrize(
+    ("env_class", "reason"),
+    [
+        (MatchEnv, "MatchEnv does not implement render()"),
+        (_RendersNothing, "render() returned None"),
+        (_RendersGrey, "render() returned shape (400, 400) and dtype float64, not [H, W, 3] uint8"),
+        (_RefusesToRender, "no display list"),
+    ],
+)
+def test_an_env_that_cannot_render_is_one_clear_error(env_class: type, reason: str) -> None:
+    env = env_class(num_envs=2)
+    with pytest.raises(EnvError) as info:
+        record_episode(env, num_steps=3)
+    assert str(info.value) == (
+        f"environment 'toy/match' cannot render frames ({reason}); evaluate without --gif"
+    )
+
+
+def test_an_adapter_env_cannot_render(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("pettingzoo")
+    from test_adapter_envs import tiny
+
+    from mappo.cli import main
+    from mappo.envs.adapters import PettingZooAdapter
+
+    with PettingZooAdapter(tiny(), num_envs=1, num_workers=0, name="tiny") as env:
+        with pytest.raises(EnvError, match=r"^environment 'tiny' cannot render frames \(the "):
+            record_episode(env)
+    # The CLI turns it into one line on stderr and exit status 2, and writes no GIF.
+    gif = tmp_path / "tiny.gif"
+    argv = ["render", "pettingzoo:test_adapter_envs:TinyEnv", "num_workers=0", "--gif", str(gif)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "mappo: error: environment 'pettingzoo:test_adapter_envs:TinyEnv' cannot render frames "
+        "(the adapter does not draw wrapped PettingZoo or Gymnasium environments); "
+        "evaluate without --gif\n"
+    )
+    assert not gif.exists()

@@ -45,7 +45,7 @@ def test_every_variant_on_every_scenario_writes_its_run_dir(tmp_path, scenario, 
     run = train(scenario + variant, {**TINY, "run_dir": str(tmp_path)})
     d = run.dir
     algo = {"": "rmappo", "_mappo": "mappo", "_ippo": "rippo"}[variant]
-    assert d.parent == tmp_path / scenario / algo
+    assert d.parent == tmp_path / (scenario + variant) / algo  # named after the preset
     assert d.name.endswith("_seed1")
     assert C.load(str(d / "config.yaml")).env.name == scenario
     rows = list(csv.DictReader((d / "metrics.csv").open()))
@@ -54,6 +54,7 @@ def test_every_variant_on_every_scenario_writes_its_run_dir(tmp_path, scenario, 
     summary = json.loads((d / "summary.json").read_text())
     for key in ("eval_return_mean", "env_steps", "wall_seconds", "steps_per_second"):
         assert key in summary
+    assert summary["preset"] == scenario + variant and summary["task"] == scenario
     assert summary["env_steps"] == 600
     assert latest_checkpoint(d).name == "iter_00000003.pt"
     # Losses and diagnostics are logged for each group.

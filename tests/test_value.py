@@ -375,7 +375,7 @@ def test_each_method_trains_evaluates_and_loads(tmp_path, algo, targets):
             "algo.target_update_interval": 20,
         }
     run = train("smac/3m_qmix", over)
-    assert run.dir.parent == tmp_path / "smac/3m" / algo
+    assert run.dir.parent == tmp_path / "smac/3m_qmix" / algo
     rows = list(csv.DictReader((run.dir / "metrics.csv").open()))
     last = rows[-1]
     keys = ("epsilon", "loss/q_taken_mean", "loss/target_mean")

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from mappo import config as config_mod
 from mappo.acting import Acting, act
-from mappo.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from mappo.checkpoint import CheckpointError, load_checkpoint, load_latest
 from mappo.data import EnvSpec, EnvStep, spec_from_dict
 from mappo.learners import build_networks
 
@@ -102,15 +102,20 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Policy:
     """Load the policy of a run directory (its newest checkpoint) or of a checkpoint file."""
     path = Path(path)
     if path.is_dir():
-        path = latest_checkpoint(path)
-    ckpt = load_checkpoint(path)
+        path, ckpt = load_latest(path)
+    else:
+        ckpt = load_checkpoint(path)
     try:
         cfg = config_mod.from_dict(ckpt["config"])
         spec = spec_from_dict(ckpt["spec"])
-    except (KeyError, config_mod.ConfigError) as err:
-        raise CheckpointError(f"'{path}' has no usable config or env spec: {err}") from err
-    dev = torch.device(device)
+    except (KeyError, TypeError, ValueError) as err:  # ConfigError is a ValueError
+        raise CheckpointError(f"'{path}' has no usable config or env spec: {err}") from None
+    dev = config_mod.check_device(str(device))
     with torch.random.fork_rng(devices=[]):
         model = build_networks(spec, cfg)
-    model.load_state_dict(ckpt["learner"]["policy"])
+    try:
+        model.load_state_dict(ckpt["learner"]["policy"])
+    except RuntimeError as err:  # missing or misshapen tensors
+        first = str(err).strip().splitlines()[-1].strip()
+        raise CheckpointError(f"'{path}' does not match its own config: {first}") from None
     return Policy(model.to(dev), spec, cfg, dev)

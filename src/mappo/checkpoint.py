@@ -8,7 +8,10 @@ Reading uses ``weights_only=True``: opening a checkpoint never runs code from it
 
 from __future__ import annotations
 
+import errno
 import os
+import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +26,28 @@ class CheckpointError(ValueError):
     """A checkpoint or run directory that cannot be used; the message says why and what to do."""
 
 
+class CheckpointWarning(UserWarning):
+    """A checkpoint was passed over (unreadable or non-finite) in favour of an older one."""
+
+
 def atomic_save(obj: Any, path: Path) -> None:
-    """Write ``path`` so that it is either the old file or the complete new one, never half."""
+    """Write ``path`` so that it is either the old file or the complete new one, never half.
+
+    A failed write (a full disk, a read-only folder) removes its temporary file and raises an
+    ``OSError`` naming ``path``; the files already there are untouched."""
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with tmp.open("wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        tmp.unlink(missing_ok=True)
+        # torch.save wraps a failed write in a RuntimeError; give the OS's reason and the file.
+        if isinstance(err, RuntimeError) and "write" in str(err).lower():
+            raise OSError(errno.EIO, f"could not write a checkpoint ({err})", str(path)) from err
+        raise
 
 
 def save_rotating(state: dict[str, Any], run_dir: Path, iteration: int, keep: int) -> Path:
@@ -44,8 +61,36 @@ def save_rotating(state: dict[str, Any], run_dir: Path, iteration: int, keep: in
     return path
 
 
+def _tensors(tree: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor of a nested dict/list, with its dotted name."""
+    if isinstance(tree, torch.Tensor):
+        yield prefix, tree
+    elif isinstance(tree, Mapping):
+        for k, v in tree.items():
+            yield from _tensors(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            yield from _tensors(v, f"{prefix}.{i}" if prefix else str(i))
+
+
+def first_nonfinite(tree: Any) -> str | None:
+    """The name of the first floating-point tensor of ``tree`` holding NaN or inf, else None.
+
+    One device synchronisation for the whole tree, however many tensors it holds."""
+    floats = [(k, t) for k, t in _tensors(tree) if t.is_floating_point() and t.numel()]
+    if not floats:
+        return None
+    ok = torch.stack([t.isfinite().all() for _, t in floats])
+    if bool(ok.all()):
+        return None
+    return floats[int((~ok).nonzero()[0])][0]
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint file safely (``weights_only=True``), in the current layout."""
+    """Load a checkpoint file safely (``weights_only=True``), in the current layout.
+
+    Refuses (:class:`CheckpointError`) a file that is not a complete mappo checkpoint and one
+    whose networks hold NaN or inf (saved after training diverged)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
@@ -53,8 +98,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unpickling failure means the same to the user
         raise CheckpointError(
-            f"'{path}' is not a readable mappo checkpoint ({type(err).__name__}); "
-            "pick another file in checkpoints/"
+            f"'{path}' is not a readable mappo checkpoint ({type(err).__name__}); it may be "
+            "truncated: use an older one in checkpoints/"
         ) from err
     if isinstance(data, dict) and data.get("format") == 1:
         try:
@@ -63,18 +108,66 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             raise CheckpointError(f"'{path}' is an incomplete mappo checkpoint ({err})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"'{path}' is not a mappo checkpoint (format {FORMAT})")
+    for key in ("config", "spec", "progress", "learner"):
+        if not isinstance(data.get(key), dict):
+            raise CheckpointError(f"'{path}' is an incomplete mappo checkpoint (no '{key}')")
+    if not isinstance(data["learner"].get("policy"), dict):
+        raise CheckpointError(f"'{path}' is an incomplete mappo checkpoint (no policy)")
+    bad = first_nonfinite(data["learner"]["policy"])
+    if bad is not None:
+        raise CheckpointError(
+            f"'{path}' holds non-finite parameters ({bad}): training had diverged when it was "
+            "saved; use an older checkpoint"
+        )
     return data
 
 
+def _checkpoint_files(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "checkpoints").glob("iter_*.pt"))
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path:
-    """The newest complete checkpoint of a run directory."""
+    """The newest checkpoint file of a run directory (not opened: see :func:`load_latest`)."""
     run_dir = Path(run_dir)
-    ckpts = sorted((run_dir / "checkpoints").glob("iter_*.pt"))
+    ckpts = _checkpoint_files(run_dir)
     if not ckpts:
-        raise CheckpointError(
-            f"no checkpoint in '{run_dir / 'checkpoints'}'; is '{run_dir}' a mappo run directory?"
-        )
+        raise CheckpointError(_no_checkpoint_message(run_dir))
     return ckpts[-1]
+
+
+def _no_checkpoint_message(run_dir: Path) -> str:
+    if (run_dir / "config.yaml").is_file():
+        return (
+            f"run '{run_dir}' has no checkpoint: it stopped before its first one was written; "
+            "start it again (nothing of it can be resumed)"
+        )
+    return f"no checkpoint in '{run_dir / 'checkpoints'}'; is '{run_dir}' a mappo run directory?"
+
+
+def load_latest(run_dir: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The newest usable checkpoint of a run directory and its contents.
+
+    A newer file that cannot be used (truncated, corrupt, empty, non-finite) is passed over with
+    a :class:`CheckpointWarning`, so that a run killed while writing, or one that diverged, goes
+    on from the newest good state."""
+    run_dir = Path(run_dir)
+    ckpts = _checkpoint_files(run_dir)
+    if not ckpts:
+        raise CheckpointError(_no_checkpoint_message(run_dir))
+    reasons = []
+    for path in reversed(ckpts):
+        try:
+            data = load_checkpoint(path)
+        except CheckpointError as err:
+            reasons.append(str(err))
+            continue
+        for reason in reasons:
+            warnings.warn(f"skipped {reason}", CheckpointWarning, stacklevel=2)
+        return path, data
+    raise CheckpointError(
+        f"no usable checkpoint in '{run_dir / 'checkpoints'}' ({len(ckpts)} files; the "
+        f"newest: {reasons[0]})"
+    )
 
 
 def _from_format_1(d: dict[str, Any]) -> dict[str, Any]:

@@ -1,23 +1,31 @@
 """The ``mappo`` command: train, resume, evaluate, render, list and benchmark.
 
-Every error a user can cause (a bad config key or value, a missing file, a bad environment
-parameter) is printed as one line starting with ``mappo: error:`` and exits with status 2.
+Every error a user can cause (a bad config key or value, a missing or unwritable file, a bad
+environment parameter, a run sized beyond the machine) is printed as one line starting with
+``mappo: error:`` and exits with status 2. Training that diverges (a NaN or inf loss, gradient or
+parameter) exits with status 3, keeping its newest finite checkpoint. SIGINT (Ctrl-C) and SIGTERM
+stop training after the current update with a checkpoint and the command that resumes it, with
+status 130 and 143.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
+import signal
 import sys
+import warnings
 from pathlib import Path
-
-import torch
 
 from mappo import config as config_mod
 from mappo.checkpoint import CheckpointError
 from mappo.envs.base import EnvError
+from mappo.logging import MetricsError
 
 EXIT_USAGE = 2
+EXIT_DIVERGED = 3
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,8 +33,20 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"mappo: error: {message} (see `{self.prog} --help`)\n")
 
 
+def _positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (a count of episodes or steps)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
 def _print_summary(summary: dict) -> None:
     keys = (
+        "preset",
         "task",
         "algo",
         "seed",
@@ -79,6 +99,7 @@ def cmd_eval_scripted(args: argparse.Namespace) -> int:
     from mappo.envs.smac.maps import get_map
     from mappo.envs.smac.scripted import evaluate_scripted
 
+    config_mod.check_device(args.device)
     name = args.path.removeprefix("smac/")
     get_map(name)  # an unknown map is a one-line error naming the nearest one
     result = evaluate_scripted(name, episodes=args.episodes, seed=args.seed, device=args.device)
@@ -101,9 +122,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     with env:
         result = evaluate(policy.model, env, seed=args.seed, deterministic=not args.sample)
     result = {"task": cfg.env.name, "algo": cfg.algo_name, **result}
+    # The evaluation is printed first: a GIF that cannot be written does not lose it.
+    _print_result(result, args.json)
     if args.gif:
         from mappo.envs.rendering import record_episode, save_gif
 
+        _check_gif_path(args.gif)
         single = make(
             cfg.env.name, num_envs=1, device=args.device, seed=args.seed, **cfg.env.kwargs
         )
@@ -111,9 +135,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
         with single:
             frames = record_episode(single, lambda step: policy.act(step))
         save_gif(frames, args.gif)
-        result["gif"] = str(args.gif)
-    _print_result(result, args.json)
+        if not args.json:
+            print(f"wrote {len(frames)} frames to {args.gif}")
     return 0
+
+
+def _check_gif_path(path: Path) -> None:
+    """Refuse a --gif destination that cannot take a GIF, before any frame is rendered."""
+    if path.is_dir():
+        raise config_mod.ConfigError(f"--gif '{path}' is a directory; name a .gif file in it")
+    if path.suffix.lower() != ".gif":
+        raise config_mod.ConfigError(f"--gif must name a .gif file, got '{path}'")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise config_mod.ConfigError(f"--gif: folder '{parent}' does not exist; create it first")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise config_mod.ConfigError(f"--gif: cannot write '{path}' (permission denied)")
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -121,6 +158,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from mappo.envs.rendering import record_episode, save_gif
 
     kwargs = config_mod.parse_overrides(args.kwargs) if args.kwargs else {}
+    _check_gif_path(args.gif)
     with make(args.env, num_envs=1, seed=args.seed, **kwargs) as env:
         frames = record_episode(env, None, num_steps=args.steps)
     save_gif(frames, args.gif)
@@ -148,6 +186,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_bench_env(args: argparse.Namespace) -> int:
     from mappo.bench.env import format_table, run_env_bench
 
+    config_mod.check_device(args.device)
     rows = run_env_bench(
         env_names=tuple(args.envs),
         num_envs=tuple(args.num_envs),
@@ -180,7 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="evaluate a trained run or checkpoint")
     e.add_argument("path", help="run directory or checkpoint file (a map with --scripted)")
-    e.add_argument("--episodes", type=int, default=32, help="evaluation episodes (default 32)")
+    e.add_argument(
+        "--episodes", type=_positive_int, default=32, help="evaluation episodes (default 32)"
+    )
     e.add_argument("--seed", type=int, default=12345)
     e.add_argument("--device", default="cpu")
     e.add_argument("--sample", action="store_true", help="sample actions instead of greedy")
@@ -197,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("env", help="environment name, e.g. mpe/simple_spread")
     r.add_argument("kwargs", nargs="*", help="environment KEY=VALUE parameters")
     r.add_argument("--gif", type=Path, required=True)
-    r.add_argument("--steps", type=int, default=None, help="steps (default: one episode)")
+    r.add_argument("--steps", type=_positive_int, default=None, help="steps (default: one episode)")
     r.add_argument("--seed", type=int, default=0)
     r.set_defaults(func=cmd_render)
 
@@ -225,21 +266,71 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _error(message: object) -> None:
+    """Print ``mappo: error: <message>`` as one line (a message never spans lines)."""
+    print("mappo: error: " + " ".join(str(message).split()), file=sys.stderr)
+
+
+def _os_error(err: OSError) -> str:
+    """One line for a failed read or write: what, where, and for a full disk, what is kept."""
+    reason = err.strerror or str(err)
+    where = f": '{err.filename}'" if err.filename else ""
+    extra = ""
+    if err.errno == errno.ENOSPC:
+        extra = "; the checkpoints written before are intact: free space and resume"
+    elif err.errno in (errno.EPERM, errno.EACCES, errno.EROFS):
+        extra = "; choose a writable place"
+    return f"{reason}{where}{extra}"
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    print("mappo: warning: " + " ".join(str(message).split()), file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from mappo.trainer import RunInterrupted, TrainingDiverged
+
     args = build_parser().parse_args(argv)
+    warnings.showwarning = _show_warning
     try:
         return args.func(args)
-    except (config_mod.ConfigError, EnvError, CheckpointError, FileNotFoundError) as err:
-        print(f"mappo: error: {err}", file=sys.stderr)
+    except (config_mod.ConfigError, EnvError, CheckpointError, MetricsError) as err:
+        _error(err)
         return EXIT_USAGE
+    except OSError as err:
+        _error(_os_error(err))
+        return EXIT_USAGE
+    except TrainingDiverged as err:
+        _error(err)
+        return EXIT_DIVERGED
+    except RunInterrupted as err:
+        if err.checkpoint is None:
+            print(
+                f"mappo: interrupted at env step {err.env_steps:,} before the first checkpoint "
+                f"of '{err.run_dir}'; nothing to resume",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"mappo: interrupted at env step {err.env_steps:,}; saved {err.checkpoint}; "
+                f"continue with: mappo train --resume {err.run_dir}",
+                file=sys.stderr,
+            )
+        return 128 + err.signum
     except KeyboardInterrupt:
-        print(
-            "mappo: interrupted; a run continues with `mappo train --resume RUN_DIR`",
-            file=sys.stderr,
+        print("mappo: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except MemoryError:
+        _error("out of memory; lower env.num_envs, eval_episodes or --episodes")
+        return EXIT_USAGE
+    except RuntimeError as err:
+        # Allocation failures of torch (CPU or GPU) surface as RuntimeErrors.
+        if "alloc" not in str(err) and "out of memory" not in str(err):
+            raise
+        _error(
+            f"out of memory ({str(err).strip().splitlines()[0][:160]}); lower env.num_envs, "
+            "eval_episodes or --episodes"
         )
-        return 130
-    except torch.cuda.OutOfMemoryError as err:  # pragma: no cover - needs a GPU
-        print(f"mappo: error: out of GPU memory ({err}); lower env.num_envs", file=sys.stderr)
         return EXIT_USAGE
 
 

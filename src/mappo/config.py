@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,7 +266,11 @@ class TrainConfig:
         "Environment steps to train for (one step = every agent acts once in one env).",
         low=1,
     )
-    seed: int = _field(1, "Random seed (environments, initialisation, sampling).", low=0)
+    # numpy's and Python's seeders take any size, but torch's generators stop at 2**64 and seeds
+    # are offset for evaluation and per-iteration streams: 32 bits leave room for both.
+    seed: int = _field(
+        1, "Random seed (environments, initialisation, sampling).", low=0, high=2**32 - 1
+    )
     device: str = _field("cpu", "Torch device: 'cpu', 'cuda' or 'cuda:N'.")
     threads: int = _field(0, "Torch CPU threads (0 = leave torch's default).", low=0)
     eval_interval: int = _field(
@@ -281,6 +287,10 @@ class TrainConfig:
     progress: bool = _field(True, "Show a progress bar on the console.")
     name: str = _field(
         "", "Algorithm label for the run directory; empty = derived (rmappo / mappo / ippo ...)."
+    )
+    preset: str = _field(
+        "",
+        "The preset this config was loaded from (set by loading one); names the run directory.",
     )
 
     @property
@@ -338,6 +348,7 @@ _KEYS_OF: dict[type, dict[str, Any]] = {
 LEAF_KEYS: dict[str, dataclasses.Field] = {k: f for k, (f, _) in _KEYS_OF[AlgoConfig].items()}
 """The keys of the default (mappo) family; :func:`keys_of` gives any family's."""
 _SECTIONS = ("env", "model", "algo")
+_SECTION_EXAMPLES = {"env": "num_envs: 8", "model": "hidden_sizes: [64, 64]", "algo": "epochs: 5"}
 
 
 def keys_of(cfg: TrainConfig) -> dict[str, dataclasses.Field]:
@@ -400,6 +411,12 @@ def _coerce(key: str, value: Any, cfg: TrainConfig) -> Any:
         if not isinstance(value, bool):
             raise fail("true or false")
     elif hint is int:
+        if isinstance(value, str):
+            # YAML 1.1 reads "1e6" (no dot) as a string; a whole number written so is accepted.
+            try:
+                value = float(value)
+            except ValueError:
+                raise fail("an integer") from None
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
                 value = int(value)
@@ -415,6 +432,8 @@ def _coerce(key: str, value: Any, cfg: TrainConfig) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise fail("a number")
         value = float(value)
+        if not math.isfinite(value):
+            raise fail("a finite number")
     elif hint is str:
         if not isinstance(value, str):
             raise fail("a string")
@@ -449,6 +468,11 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         key = prefix + str(k)
         if isinstance(v, dict) and key in _SECTIONS:
             out.update(_flatten(v, key + "."))
+        elif key in _SECTIONS:
+            raise ConfigError(
+                f"config key '{key}' must be a mapping of {key}.* keys "
+                f"(e.g. `{key}: {{{_SECTION_EXAMPLES[key]}}}`), got {v!r}"
+            )
         else:
             out[key] = v
     return out
@@ -533,10 +557,41 @@ def check(cfg: TrainConfig) -> None:
                 "config field 'wandb' is true but Weights & Biases is not installed; "
                 "`pip install wandb` or set wandb=false"
             )
-    if not (cfg.device == "cpu" or cfg.device.startswith("cuda") or cfg.device == "mps"):
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", cfg.device):
         raise ConfigError(
-            f"config field 'device' must be 'cpu', 'cuda' or 'cuda:N', got {cfg.device!r}"
+            f"config field 'device' must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {cfg.device!r}"
         )
+    if cfg.name and not _LABEL.fullmatch(cfg.name):
+        raise ConfigError(
+            f"config field 'name' must be a plain label (letters, digits, '_', '-', '.', '+'), "
+            f"got {cfg.name!r}; it names a folder inside run_dir, so no '/' or '..'"
+        )
+
+
+# A run-directory label: one path component that stays inside run_dir.
+_LABEL = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.+\-]+")
+
+
+def check_device(name: str) -> Any:
+    """The torch device ``name`` if this machine has it, else a :class:`ConfigError` naming the
+    fix (the config check accepts any well-formed name: a run may be set up on one machine and
+    trained on another)."""
+    import torch
+
+    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", name):
+        raise ConfigError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {name!r}")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device '{name}' asked for but no CUDA device is available; use cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device '{name}' does not exist: this machine has {torch.cuda.device_count()} "
+                "CUDA device(s), cuda:0 to cuda:N-1"
+            )
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device '{name}' asked for but MPS is not available here; use cpu")
+    return device
 
 
 # -- presets and files ------------------------------------------------------------------------
@@ -553,13 +608,21 @@ def list_presets() -> list[str]:
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"cannot read config file '{path}': {err.strerror}") from err
+    except UnicodeDecodeError:
+        raise ConfigError(
+            f"config file '{path}' is not a text file (not UTF-8); give a YAML file"
+        ) from None
     try:
         data = yaml.safe_load(text)  # safe loader: a config never runs code
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file '{path}' is not valid YAML: {err}") from err
+        # PyYAML's message spans several lines; keep the problem and where it is.
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"config file '{path}' is not valid YAML{where}: {problem}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -607,6 +670,8 @@ def load(
                 apply(cfg, data)
             except ConfigError as err:
                 raise ConfigError(f"{err} (in {where})") from None
+        if not source.endswith((".yaml", ".yml")) and not Path(source).is_file():
+            cfg.preset = source
     if overrides:
         apply(cfg, parse_overrides(overrides) if isinstance(overrides, list) else overrides)
     return cfg

@@ -58,6 +58,27 @@ def _fmt_time(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"
 
 
+class MetricsError(ValueError):
+    """A run's ``metrics.csv`` that cannot be read back on resume; the message says the fix."""
+
+
+def _read_rows(path: Path, up_to_step: int) -> tuple[list[str], list[dict[str, Any]]]:
+    """The columns and the rows up to ``up_to_step`` of a metrics file, or :class:`MetricsError`."""
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            columns = list(reader.fieldnames or [])
+            if "env_steps" not in columns:
+                raise ValueError("no env_steps column")
+            rows = [r for r in reader if int(float(r["env_steps"])) <= up_to_step]
+    except (ValueError, TypeError, UnicodeDecodeError, csv.Error) as err:
+        raise MetricsError(
+            f"'{path}' is not a readable metrics file ({err}); move it aside (it is left as it "
+            "is) and resume again to start a new one"
+        ) from None
+    return columns, rows
+
+
 class MetricsLogger:
     """Writes one row per logged update to ``metrics.csv`` and the same scalars to TensorBoard
     and, optionally, Weights & Biases.
@@ -78,10 +99,7 @@ class MetricsLogger:
         self.columns: list[str] = []
         self.rows: list[dict[str, Any]] = []
         if resume_step is not None and self.path.exists():
-            with self.path.open(newline="") as f:
-                reader = csv.DictReader(f)
-                self.columns = list(reader.fieldnames or [])
-                self.rows = [r for r in reader if int(float(r["env_steps"])) <= resume_step]
+            self.columns, self.rows = _read_rows(self.path, resume_step)
             self._rewrite()
         self.tb = None
         if tensorboard:

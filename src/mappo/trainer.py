@@ -7,9 +7,15 @@ optimisers, normalisers, RNG states, env state, counters) and ``summary.json``.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
+import os
 import re
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +26,10 @@ from mappo import config as config_mod
 from mappo.checkpoint import (  # noqa: F401 - re-exported: part of the trainer's interface
     FORMAT,
     CheckpointError,
+    first_nonfinite,
     latest_checkpoint,
     load_checkpoint,
+    load_latest,
     save_rotating,
 )
 from mappo.config import TrainConfig
@@ -30,8 +38,27 @@ from mappo.envs.registry import make as make_env
 from mappo.evaluation import evaluate
 from mappo.learners import Learner, make_learner
 from mappo.logging import MetricsLogger, ProgressBar
+from mappo.resources import available_bytes, env_state_bytes, memory_problem
 
 _EVAL_SEED_OFFSET = 1_000_003
+# Adapter envs run in worker processes: a probe for the memory estimate starts one, so they are
+# probed only where the env count could plausibly exhaust memory.
+_PROBE_ADAPTERS_ABOVE = 4096
+
+
+class TrainingDiverged(RuntimeError):
+    """A loss, gradient norm or parameter became NaN or inf; no checkpoint was written after it."""
+
+
+class RunInterrupted(Exception):
+    """Training stopped on SIGINT/SIGTERM after saving a checkpoint (or before any could be)."""
+
+    def __init__(self, signum: int, run_dir: Path, env_steps: int, checkpoint: Path | None) -> None:
+        self.signum = signum
+        self.run_dir = run_dir
+        self.env_steps = env_steps
+        self.checkpoint = checkpoint
+        super().__init__(f"interrupted by {signal.Signals(signum).name} at env step {env_steps}")
 
 
 @dataclass
@@ -67,11 +94,8 @@ class Trainer:
         self.cfg = cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        device = torch.device(cfg.device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise config_mod.ConfigError(
-                "config field 'device' is 'cuda' but no CUDA device is available; use device=cpu"
-            )
+        device = config_mod.check_device(cfg.device)
+        _check_memory(cfg, device)
         self.env = make_env(
             cfg.env.name, num_envs=cfg.env.num_envs, device=device, seed=cfg.seed, **cfg.env.kwargs
         )
@@ -90,6 +114,9 @@ class Trainer:
         self.eval_count = 0
         self.last_eval: dict[str, float] = {}
         self.last_train: dict[str, float] = {}
+        self.stop_signal: int | None = None
+        """Set (by a signal handler) to stop after the current iteration with a checkpoint."""
+        self.last_checkpoint: Path | None = None
         if checkpoint is not None:
             self._restore(checkpoint)
         self.run_dir = run_dir
@@ -141,11 +168,32 @@ class Trainer:
 
     def save_checkpoint(self, wall_seconds: float, periodic: bool = False) -> Path:
         assert self.run_dir is not None
-        return save_rotating(
+        self.last_checkpoint = save_rotating(
             self.state_dict(wall_seconds, periodic),
             self.run_dir,
             self.iteration,
             self.cfg.keep_checkpoints,
+        )
+        return self.last_checkpoint
+
+    def check_finite(self, result: dict[str, float]) -> None:
+        """Raise :class:`TrainingDiverged` if a loss or gradient norm of the last iteration, or
+        a parameter or buffer of the networks, is NaN or inf (before anything is saved)."""
+        what = next((f"loss/{k} = {v}" for k, v in result.items() if not math.isfinite(v)), None)
+        if what is None:
+            name = first_nonfinite(self.policy.state_dict())
+            what = None if name is None else f"parameter '{name}' is not finite"
+        if what is None:
+            return
+        kept = (
+            f"the newest checkpoint, {self.last_checkpoint}, is finite and kept"
+            if self.last_checkpoint is not None
+            else "no checkpoint was written before it"
+        )
+        raise TrainingDiverged(
+            f"training diverged in update {self.iteration} (env step {self.env_steps:,}): "
+            f"{what}; {kept}. Lower the learning rates (or set max_grad_norm) and resume or "
+            "start again"
         )
 
     def close(self) -> None:
@@ -175,6 +223,7 @@ class Trainer:
             result = self.iterate()
             for k in timings:
                 timings[k] += result.pop(k)
+            self.check_finite(result)
             last = self.env_steps >= cfg.total_env_steps
             evaluating = last or (cfg.eval_interval and self.iteration % cfg.eval_interval == 0)
             logging_now = last or self.iteration % cfg.log_interval == 0 or evaluating
@@ -201,8 +250,15 @@ class Trainer:
                     progress.update(
                         self.env_steps, sps, self.last_train.get("episode_return"), final=last
                     )
-            if self.run_dir is not None and (last or self.iteration % cfg.checkpoint_interval == 0):
-                self.save_checkpoint(time.perf_counter() - start, periodic=not last)
+            stopping = self.stop_signal is not None
+            due = last or stopping or self.iteration % cfg.checkpoint_interval == 0
+            if self.run_dir is not None and due:
+                self.save_checkpoint(time.perf_counter() - start, periodic=not (last or stopping))
+            if stopping and not last:
+                assert self.stop_signal is not None and self.run_dir is not None
+                raise RunInterrupted(
+                    self.stop_signal, self.run_dir, self.env_steps, self.last_checkpoint
+                )
         wall = time.perf_counter() - start
         return self.summary(
             wall, (self.env_steps - steps_at_start) / max(time.perf_counter() - time_at_start, 1e-9)
@@ -210,6 +266,7 @@ class Trainer:
 
     def summary(self, wall: float, sps: float) -> dict[str, Any]:
         out: dict[str, Any] = {
+            "preset": self.cfg.preset or None,
             "task": self.cfg.env.name,
             "algo": self.cfg.algo_name,
             "seed": self.cfg.seed,
@@ -223,9 +280,25 @@ class Trainer:
         return out
 
 
+def _check_memory(cfg: TrainConfig, device: torch.device) -> None:
+    """Refuse a run whose estimated memory exceeds what is free (see :mod:`mappo.resources`),
+    before its environments allocate anything."""
+    adapter = ":" in cfg.env.name
+    if adapter and cfg.env.num_envs + cfg.eval_episodes <= _PROBE_ADAPTERS_ABOVE:
+        return
+    kwargs = dict(cfg.env.kwargs)
+    if adapter:
+        kwargs["num_workers"] = 0  # the probe's one copy runs in this process
+    with make_env(cfg.env.name, num_envs=1, device=device, seed=cfg.seed, **kwargs) as probe:
+        problem = memory_problem(cfg, probe.spec, env_state_bytes(probe), available_bytes(device))
+    if problem is not None:
+        raise config_mod.ConfigError(problem)
+
+
 def new_run_dir(cfg: TrainConfig) -> Path:
+    """``<run_dir>/<preset or task>/<algo>/<time>_seed<k>/``, created (never an existing one)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(cfg.run_dir) / _task_dir(cfg.env.name) / cfg.algo_name
+    base = Path(cfg.run_dir) / _task_dir(cfg.preset or cfg.env.name) / cfg.algo_name
     path = base / f"{stamp}_seed{cfg.seed}"
     suffix = 1
     while path.exists():
@@ -254,30 +327,44 @@ def train(
     else:
         config_mod.check(cfg)
     trainer = Trainer(cfg)
-    path = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
+        path.mkdir(parents=True, exist_ok=True)
+    except BaseException:
+        trainer.close()
+        raise
     trainer.run_dir = path
-    config_mod.save(cfg, path / "config.yaml")
     return _run(trainer, resume_step=None)
 
 
 def resume(run_dir: str | Path, overrides: list[str] | dict[str, Any] | None = None) -> Run:
-    """Continue a run from its newest checkpoint (``overrides`` may raise ``total_env_steps``)."""
+    """Continue a run from its newest usable checkpoint.
+
+    ``overrides`` may change what the saved state does not depend on (``total_env_steps``,
+    learning rates, intervals...); they are recorded in the run's ``config.yaml``. Nothing in
+    the run directory is written before every check has passed."""
     path = Path(run_dir)
     if not path.is_dir():
         raise CheckpointError(f"run directory '{path}' does not exist")
-    ckpt = load_checkpoint(latest_checkpoint(path))
-    saved = config_mod.from_dict(ckpt["config"])
-    cfg = config_mod.from_dict(ckpt["config"])
-    if overrides:
-        cfg = config_mod.apply(
-            cfg, config_mod.parse_overrides(overrides) if isinstance(overrides, list) else overrides
-        )
-    _check_resumable(saved, cfg)
-    trainer = Trainer(cfg, checkpoint=ckpt)
-    trainer.run_dir = path
-    config_mod.save(cfg, path / "config.yaml")
-    return _run(trainer, resume_step=trainer.env_steps)
+    with _locked(path):
+        _, ckpt = load_latest(path)
+        saved = config_mod.from_dict(ckpt["config"])
+        cfg = config_mod.from_dict(ckpt["config"])
+        if overrides:
+            cfg = config_mod.apply(
+                cfg,
+                config_mod.parse_overrides(overrides) if isinstance(overrides, list) else overrides,
+            )
+        _check_resumable(saved, cfg)
+        done = int(ckpt["progress"]["env_steps"])
+        if done >= cfg.total_env_steps:
+            raise config_mod.ConfigError(
+                f"run '{path}' already reached total_env_steps={cfg.total_env_steps:,} "
+                f"({done:,} steps); resume with a larger total_env_steps=N to train further"
+            )
+        trainer = Trainer(cfg, checkpoint=ckpt)
+        trainer.run_dir = path
+        return _run(trainer, resume_step=trainer.env_steps, locked=True)
 
 
 # What a checkpoint's state depends on: these keys cannot change when a run is resumed.
@@ -304,24 +391,89 @@ def _check_resumable(saved: TrainConfig, cfg: TrainConfig) -> None:
             )
 
 
-def _run(trainer: Trainer, resume_step: int | None) -> Run:
-    cfg = trainer.cfg
-    assert trainer.run_dir is not None
-    logger = MetricsLogger(
-        trainer.run_dir,
-        cfg.tensorboard,
-        cfg.wandb_project if cfg.wandb else None,
-        config_mod.to_dict(cfg),
-        resume_step=resume_step,
-    )
-    progress = ProgressBar(cfg.total_env_steps) if cfg.progress else None
+@contextlib.contextmanager
+def _locked(run_dir: Path) -> Iterator[None]:
+    """Hold ``run_dir/.lock`` while a process trains in it: a second process (a resume of a run
+    still training) gets a one-line refusal. The OS releases the lock when the holder exits,
+    killed or not, so a stale lock file never blocks a resume."""
     try:
-        summary = trainer.run(logger, progress)
+        import fcntl
+    except ImportError:  # Windows: no advisory locks; runs are not guarded there
+        yield
+        return
+    lock_path = run_dir / ".lock"
+    with open(lock_path, "a+") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            pid = f.read().strip() or "?"
+            raise CheckpointError(
+                f"run '{run_dir}' is in use by another mappo process (pid {pid}); wait for it "
+                "to finish or stop it, then resume"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(trainer: Trainer) -> Iterator[None]:
+    """SIGINT / SIGTERM ask the trainer to finish its iteration, checkpoint and stop
+    (:class:`RunInterrupted`); a second signal stops at once. Only the main thread may install
+    handlers; elsewhere the signals keep their behaviour."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if trainer.stop_signal is not None:
+            raise KeyboardInterrupt
+        trainer.stop_signal = signum
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
     finally:
-        logger.close()
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _run(trainer: Trainer, resume_step: int | None, locked: bool = False) -> Run:
+    cfg = trainer.cfg
+    path = trainer.run_dir
+    assert path is not None
+    try:
+        with contextlib.ExitStack() as stack:
+            if not locked:
+                stack.enter_context(_locked(path))
+            # Read (and check) the metrics of a resumed run before anything is written.
+            logger = MetricsLogger(
+                path,
+                cfg.tensorboard,
+                cfg.wandb_project if cfg.wandb else None,
+                config_mod.to_dict(cfg),
+                resume_step=resume_step,
+            )
+            stack.callback(logger.close)
+            config_mod.save(cfg, path / "config.yaml")
+            progress = ProgressBar(cfg.total_env_steps) if cfg.progress else None
+            with _stop_on_signals(trainer):
+                summary = trainer.run(logger, progress)
+    except KeyboardInterrupt:
+        # A second Ctrl-C during an iteration: the checkpoints written so far are intact.
+        raise RunInterrupted(
+            signal.SIGINT, path, trainer.env_steps, trainer.last_checkpoint
+        ) from None
+    finally:
         trainer.close()
-    summary["run_dir"] = str(trainer.run_dir)
-    tmp = trainer.run_dir / "summary.json.tmp"
+    summary["run_dir"] = str(path)
+    tmp = path / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(trainer.run_dir / "summary.json")
-    return Run(trainer.run_dir, cfg, summary, trainer.policy)
+    tmp.replace(path / "summary.json")
+    return Run(path, cfg, summary, trainer.policy)

@@ -79,14 +79,50 @@ def record_episode(
     generator = torch.Generator(device=env.device)
     generator.manual_seed(env.seed if seed is None else seed)
     step = env.reset(seed=seed)
-    frames = [env.render(env_index)]
+    frames = [render_frame(env, env_index)]
     for _ in range(limit):
         actions = act_fn(step) if act_fn is not None else random_actions(env, step, generator)
         step = env.step(actions)
         if bool(step.done[env_index]):
             break
-        frames.append(env.render(env_index))
+        frames.append(render_frame(env, env_index))
     return frames
+
+
+def render_frame(env: BatchedEnv, env_index: int = 0) -> np.ndarray:
+    """``env.render(env_index)`` checked to be a frame ``[H, W, 3]`` uint8.
+
+    An env that cannot draw itself (``render`` not implemented, raising
+    :class:`NotImplementedError`, or returning ``None`` or something that is not an RGB image)
+    raises :class:`EnvError` in one line, which the CLI reports without a traceback, instead of
+    failing later inside the GIF writer.
+    """
+    try:
+        frame = env.render(env_index)
+    except NotImplementedError as err:
+        if type(env).render is BatchedEnv.render:
+            reason = f"{type(env).__name__} does not implement render()"
+        else:
+            reason = str(err).strip() or "render() raised NotImplementedError"
+        raise _cannot_render(env, reason) from err
+    if frame is None:
+        raise _cannot_render(env, "render() returned None")
+    array = np.asarray(frame)
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3:
+        reason = (
+            f"render() returned shape {array.shape} and dtype {array.dtype}, not [H, W, 3] uint8"
+        )
+        raise _cannot_render(env, reason)
+    return array
+
+
+def _cannot_render(env: BatchedEnv, reason: str) -> EnvError:
+    """The error for an env that gives no frames; ``reason`` is cut to its first line so that
+    the CLI's message stays one line."""
+    first_line = reason.strip().splitlines()[0]
+    return EnvError(
+        f"environment '{env.name}' cannot render frames ({first_line}); evaluate without --gif"
+    )
 
 
 def save_gif(frames: Sequence[np.ndarray], path: str | Path, fps: float = 10) -> Path:

@@ -77,6 +77,9 @@ EXTRAS |= {"lbforaging": "lbf", "rware": "rware"}
 
 STAT_NAMES = ("episode_return", "episode_length")
 
+DEFAULT_TIMEOUT = 60.0
+"""Seconds a step or reset of the worker processes may take when no ``timeout`` is given."""
+
 
 class ParallelEnvAdapter(BatchedEnv):
     """A batch of Python environments in the ParallelEnv protocol (base of both adapters).
@@ -91,7 +94,9 @@ class ParallelEnvAdapter(BatchedEnv):
             ``min(num_envs, os.cpu_count())`` (or ``num_envs / envs_per_worker``).
         envs_per_worker: copies per worker (the last workers get fewer when it does not divide).
         start_method: ``"forkserver"`` (default where available) or ``"spawn"``.
-        timeout: seconds a step or reset may take before a worker counts as hung.
+        timeout: seconds a step or reset may take before a worker counts as hung; default
+            60. Needs worker processes: with ``num_workers=0`` a hanging step cannot be
+            interrupted, so an explicit ``timeout`` is refused there.
         startup_timeout: seconds the workers may take to start and build their envs.
         episode_limit: steps after which an episode is truncated; default: what the env declares
             (``max_cycles``, ``max_steps``, ``spec.max_episode_steps``...).
@@ -118,7 +123,7 @@ class ParallelEnvAdapter(BatchedEnv):
         num_workers: int | None = None,
         envs_per_worker: int | None = None,
         start_method: str | None = None,
-        timeout: float = 60.0,
+        timeout: float | None = None,
         startup_timeout: float = 120.0,
         episode_limit: int | None = None,
         truncate_at_limit: bool = True,
@@ -127,6 +132,9 @@ class ParallelEnvAdapter(BatchedEnv):
     ) -> None:
         self.name = name
         super().__init__(num_envs, device, seed)
+        # ``None`` marks the default, so that a timeout the user asked for can be told apart.
+        timeout_given = timeout is not None
+        timeout = DEFAULT_TIMEOUT if timeout is None else timeout
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise EnvError(f"{name}: timeout must be a positive number of seconds, got {timeout!r}")
         if episode_limit is not None and not _positive_int(episode_limit):
@@ -138,6 +146,13 @@ class ParallelEnvAdapter(BatchedEnv):
                 f"{name}: global_state must be 'auto', 'env' or 'obs', got {global_state!r}"
             )
         ranges = _split_batch(name, num_envs, num_workers, envs_per_worker)
+        if timeout_given and not ranges:
+            # In-process, a step that never returns blocks the only thread that could stop it;
+            # only a worker process can be abandoned and killed (see pool.WorkerPool).
+            raise EnvError(
+                f"{name}: timeout needs worker processes: with num_workers=0 a hanging step "
+                "cannot be interrupted; set num_workers>=1 or drop timeout"
+            )
         if start_method not in (None, "forkserver", "spawn"):
             raise EnvError(
                 f"{name}: start_method must be 'forkserver' or 'spawn', got {start_method!r} "
@@ -233,6 +248,13 @@ class ParallelEnvAdapter(BatchedEnv):
         raise NotImplementedError(
             f"{self.name}: wrapped Python environments cannot be put into a given state; "
             "state injection is available for the built-in tensor environments"
+        )
+
+    def render(self, env_index: int = 0, size: int = 400) -> np.ndarray:
+        """Not available: the wrapped envs live in the workers (or the runner) and each has its
+        own ``render_mode`` convention, so the adapter does not draw them."""
+        raise NotImplementedError(
+            "the adapter does not draw wrapped PettingZoo or Gymnasium environments"
         )
 
     def close(self) -> None:
@@ -574,19 +596,54 @@ def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
 
 
 def _require(env_name: str, module: str) -> None:
-    """Import ``module`` or raise :class:`EnvError` naming the package (and extra) to install."""
+    """Import ``module`` or raise :class:`EnvError` in one line saying why it failed.
+
+    Only the packages of the project's extras (:data:`EXTRAS`) get an install command: for any
+    other name, ``pip install <name>`` could fetch an unrelated package of the same name from
+    PyPI, while the usual cause is a module of the user's own that is not on ``PYTHONPATH``.
+    """
     try:
         importlib.import_module(module)
     except ModuleNotFoundError as err:
-        missing = (err.name or module).split(".")[0]
-        if importlib.util.find_spec(missing) is not None:
-            raise EnvError(f"{env_name}: there is no module '{err.name}' ({err})") from err
-        extra = EXTRAS.get(missing)
-        how = f"pip install 'mappo[{extra}]'" if extra else f"pip install {missing}"
+        missing = err.name or module
+        top = missing.split(".")[0]
+        extra = EXTRAS.get(top)
+        if extra is not None and importlib.util.find_spec(top) is None:
+            raise EnvError(
+                f"{env_name} needs the Python package '{top}', which is not installed; "
+                f"install it with `pip install 'mappo[{extra}]'`"
+            ) from err
+        if not _is_part_of(missing, module):
+            # The module was found, but something it imports was not.
+            raise EnvError(
+                f"{env_name}: importing module '{module}' raised {_one_line(err)}; fix that "
+                "import in the module or install what it needs"
+            ) from err
+        if top != missing and importlib.util.find_spec(top) is not None:
+            raise EnvError(
+                f"{env_name}: there is no module '{missing}' in package '{top}'; check the name"
+            ) from err
         raise EnvError(
-            f"{env_name} needs the Python package '{missing}', which is not installed; "
-            f"install it with `{how}`"
+            f"{env_name}: module '{missing}' is not importable; is its folder on PYTHONPATH, "
+            "or is it installed?"
         ) from err
+    except Exception as err:  # the module exists but raises on import (also SyntaxError)
+        raise EnvError(
+            f"{env_name}: importing module '{module}' raised {_one_line(err)}; fix the error in "
+            "that module"
+        ) from err
+
+
+def _is_part_of(missing: str, module: str) -> bool:
+    """Whether ``missing`` is ``module`` or one of its parent packages (``a`` or ``a.b`` for
+    ``a.b.c``), i.e. the module itself was not found rather than one of its imports."""
+    return module == missing or module.startswith(missing + ".")
+
+
+def _one_line(err: BaseException) -> str:
+    """``Type: first line of the message``: an error named in one line, without traceback."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
 
 # -- groups and spec ------------------------------------------------------------------------------

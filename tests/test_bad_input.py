@@ -1,0 +1,594 @@
+"""Bad input and faults through the ``mappo`` command: one line, the right exit code, nothing lost.
+
+Every case runs the CLI's ``main`` on a bad command and asserts its exit code, exactly one line on
+stderr (``mappo: error: ...`` naming the problem), no traceback, and that the files of the run it
+touched (checkpoints, ``metrics.csv``, ``summary.json``, ``config.yaml``) are byte-identical
+afterwards. The count of cases is quoted in the README's reliability section.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+import mappo.checkpoint
+from mappo.cli import main
+
+TINY = [
+    "env.num_envs=4",
+    "total_env_steps=300",
+    "eval_episodes=2",
+    "progress=false",
+    "algo.epochs=1",
+    "checkpoint_interval=1",
+    "threads=1",
+]
+SPREAD = ["train", "mpe/simple_spread", *TINY]
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    """Hashes of the files a run keeps (the lock file and TensorBoard events excluded)."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != ".lock" and "tensorboard" not in p.parts
+    }
+
+
+def _cli(capsys, argv: list[str]) -> tuple[int, str, str]:
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own usage errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """A finished 300-step Spread run with three checkpoints."""
+    root = tmp_path_factory.mktemp("runs")
+    assert main([*SPREAD, f"run_dir={root}"]) == 0
+    (run,) = list(root.glob("mpe/simple_spread/rmappo/*"))
+    return run
+
+
+def _read_only_dir(tmp: Path) -> Path:
+    """A folder nothing can be written into: sysfs for root (who ignores file modes), else a
+    folder without write permission."""
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        return Path("/sys")
+    ro = tmp / "read_only"
+    ro.mkdir()
+    ro.chmod(0o555)
+    return ro
+
+
+@dataclass
+class Ctx:
+    """What a case may refer to: the trained run (shared, must stay untouched), a scratch
+    folder, a copy of the run it may damage first, and a read-only folder."""
+
+    run: Path
+    tmp: Path
+    copy: Path
+    read_only: Path
+
+
+@dataclass
+class Case:
+    id: str
+    argv: Callable[[Ctx], list[str]]
+    message: str
+    setup: Callable[[Ctx], None] | None = None
+    code: int = 2
+    stdout: str | None = None  # something the command still prints before failing
+    watch_copy: bool = field(default=False)
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def _ckpts(run: Path) -> list[Path]:
+    return sorted((run / "checkpoints").glob("iter_*.pt"))
+
+
+def _hold_lock(ctx: Ctx) -> None:
+    import fcntl
+
+    f = open(ctx.copy / ".lock", "a+")  # noqa: SIM115 - held until the test ends
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    f.write("4242")
+    f.flush()
+    ctx.tmp.joinpath("held").write_text("")
+    _HELD.append(f)
+
+
+_HELD: list = []
+
+
+def _nan_checkpoint(ctx: Ctx) -> None:
+    data = torch.load(_ckpts(ctx.run)[-1], weights_only=True)
+    name = next(iter(data["learner"]["policy"]))
+    data["learner"]["policy"][name] = data["learner"]["policy"][name] * float("nan")
+    torch.save(data, ctx.tmp / "nan.pt")
+
+
+def _write(name: str, content: bytes | str) -> Callable[[Ctx], None]:
+    def setup(ctx: Ctx) -> None:
+        target = ctx.tmp / name
+        target.write_bytes(content if isinstance(content, bytes) else content.encode())
+
+    return setup
+
+
+def _save(name: str, obj: object) -> Callable[[Ctx], None]:
+    return lambda ctx: torch.save(obj, ctx.tmp / name)
+
+
+def _no_checkpoints(ctx: Ctx) -> None:
+    shutil.rmtree(ctx.copy / "checkpoints")
+
+
+def _corrupt_all(ctx: Ctx) -> None:
+    for p in _ckpts(ctx.copy):
+        _truncate(p)
+
+
+def _corrupt_metrics(ctx: Ctx) -> None:
+    (ctx.copy / "metrics.csv").write_bytes(b"env_steps,iteration\n\xff\xfe garbage,\x00\n")
+
+
+def _bad_metrics_rows(ctx: Ctx) -> None:
+    (ctx.copy / "metrics.csv").write_text("env_steps,iteration\nabc,1\n")
+
+
+RESUME_MORE = ["train", "--resume"]
+
+
+def _resume(*extra: str) -> Callable[[Ctx], list[str]]:
+    return lambda ctx: [*RESUME_MORE, str(ctx.run), *extra]
+
+
+def _resume_copy(*extra: str) -> Callable[[Ctx], list[str]]:
+    return lambda ctx: [*RESUME_MORE, str(ctx.copy), *extra]
+
+
+def _train(*extra: str) -> Callable[[Ctx], list[str]]:
+    return lambda ctx: [*SPREAD, f"run_dir={ctx.tmp / 'runs'}", *extra]
+
+
+def _eval(*extra: str) -> Callable[[Ctx], list[str]]:
+    return lambda ctx: ["eval", str(ctx.run), "--episodes", "2", *extra]
+
+
+CASES = [
+    # -- the issue's list ---------------------------------------------------------------------
+    Case("gamma-nan", _train("algo.gamma=.nan"), "'algo.gamma' must be a finite number"),
+    Case("clip-nan", _train("algo.clip=nan"), "'algo.clip' must be a finite number"),
+    Case("lr-inf", _train("algo.actor_lr=inf"), "'algo.actor_lr' must be a finite number"),
+    Case("seed-huge", _train("seed=99999999999999999999999"), "'seed' must be <="),
+    Case("device-cuda-abc", _train("device=cuda:abc"), "'device' must be 'cpu', 'cuda'"),
+    Case(
+        "yaml-binary",
+        lambda c: ["train", str(c.tmp / "bin.yaml")],
+        "not a text file",
+        setup=_write("bin.yaml", bytes(range(256)) * 4),
+    ),
+    Case(
+        "resume-hidden-sizes",
+        _resume("total_env_steps=600", "model.hidden_sizes=[32]"),
+        "'model.hidden_sizes' cannot change when resuming",
+    ),
+    Case(
+        "resume-recurrent",
+        _resume("total_env_steps=600", "model.recurrent=none"),
+        "'model.recurrent' cannot change when resuming",
+    ),
+    Case(
+        "resume-env-name",
+        _resume("total_env_steps=600", "env.name=mpe/simple_reference"),
+        "'env.name' cannot change when resuming",
+    ),
+    Case(
+        "resume-num-envs",
+        _resume("total_env_steps=600", "env.num_envs=8"),
+        "'env.num_envs' cannot change when resuming",
+    ),
+    Case(
+        "ckpt-format-only",
+        lambda c: ["eval", str(c.tmp / "f1.pt")],
+        "incomplete mappo checkpoint",
+        setup=_save("f1.pt", {"format": 1}),
+    ),
+    Case(
+        "metrics-corrupt",
+        _resume_copy("total_env_steps=600"),
+        "not a readable metrics file",
+        setup=_corrupt_metrics,
+        watch_copy=True,
+    ),
+    Case(
+        "gif-read-only",
+        lambda c: [*_eval()(c), "--gif", str(c.read_only / "x.gif")],
+        "x.gif",
+        stdout="eval_return_mean",
+    ),
+    Case(
+        "gif-directory",
+        lambda c: [*_eval()(c), "--gif", str(c.tmp)],
+        "is a directory",
+        stdout="eval_return_mean",
+    ),
+    Case(
+        "gif-txt",
+        lambda c: [*_eval()(c), "--gif", str(c.tmp / "x.txt")],
+        "must name a .gif file",
+        stdout="eval_return_mean",
+    ),
+    Case("run-dir-read-only", lambda c: [*SPREAD, f"run_dir={c.read_only / 'runs'}"], "runs"),
+    Case("num-envs-1e9", _train("env.num_envs=1e9"), "lower env.num_envs"),
+    Case("eval-episodes-1e9", _train("eval_episodes=1e9"), "lower eval_episodes"),
+    Case(
+        "yaml-algo-5",
+        lambda c: ["train", str(c.tmp / "a.yaml")],
+        "'algo' must be a mapping",
+        setup=_write("a.yaml", "algo: 5\n"),
+    ),
+    Case("name-dotdot", _train("name=../../x"), "'name' must be a plain label"),
+    Case("name-absolute", _train("name=/tmp/x"), "'name' must be a plain label"),
+    Case(
+        "run-in-use",
+        _resume_copy("total_env_steps=600"),
+        "is in use by another mappo process",
+        setup=_hold_lock,
+        watch_copy=True,
+    ),
+    Case(
+        "resume-seed",
+        _resume("total_env_steps=600", "seed=7"),
+        "'seed' cannot change when resuming",
+    ),
+    Case("resume-finished", _resume(), "already reached total_env_steps=300"),
+    Case(
+        "killed-before-first-checkpoint",
+        _resume_copy("total_env_steps=600"),
+        "stopped before its first one",
+        setup=_no_checkpoints,
+        watch_copy=True,
+    ),
+    Case(
+        "all-checkpoints-corrupt",
+        _resume_copy("total_env_steps=600"),
+        "no usable checkpoint",
+        setup=_corrupt_all,
+        watch_copy=True,
+    ),
+    Case(
+        "eval-nan-checkpoint",
+        lambda c: ["eval", str(c.tmp / "nan.pt")],
+        "non-finite",
+        setup=_nan_checkpoint,
+    ),
+    Case(
+        "timeout-without-workers",
+        _train(
+            "env.name=pettingzoo:mpe2.simple_spread_v3",
+            "env.kwargs.num_workers=0",
+            "env.kwargs.timeout=5",
+        ),
+        "timeout needs worker processes",
+    ),
+    Case(
+        "module-not-importable",
+        _train("env.name=pettingzoo:no_such_module_xyz.env"),
+        "not importable",
+    ),
+    # -- more of our own ----------------------------------------------------------------------
+    Case("unknown-key", _train("algo.epoch=3"), "did you mean 'algo.epochs'"),
+    Case("bad-int", _train("algo.epochs=many"), "'algo.epochs' must be an integer"),
+    Case("out-of-range", _train("algo.gamma=2"), "'algo.gamma' must be <= 1"),
+    Case("negative", _train("algo.epochs=-1"), "'algo.epochs' must be >= 1"),
+    Case("zero-steps", _train("total_env_steps=0"), "'total_env_steps' must be >= 1"),
+    Case("threads-negative", _train("threads=-1"), "'threads' must be >= 0"),
+    Case("hidden-zero", _train("model.hidden_sizes=[0]"), "list of positive integers"),
+    Case("bad-choice", _train("model.recurrent=gruu"), "did you mean 'gru'"),
+    Case("algo-name", _train("algo.name=qmixx"), "did you mean 'qmix'"),
+    Case(
+        "other-family-key",
+        lambda c: ["train", "mpe/simple_spread_qmix", "algo.clip=0.1"],
+        "belongs to algo.name=mappo",
+    ),
+    Case("env-kwargs-mapping", _train("env.kwargs={bogus: 1}"), "bogus"),
+    Case("wandb-missing", _train("wandb=true"), "Weights & Biases is not installed"),
+    Case(
+        "buffer-too-small",
+        lambda c: ["train", "mpe/simple_spread_qmix", "algo.buffer_size=2"],
+        "must hold at least one iteration's episodes",
+    ),
+    Case("minibatches", _train("algo.num_minibatches=100000"), "exceeds the samples per update"),
+    Case("device-gpu", _train("device=gpu"), "'device' must be 'cpu', 'cuda'"),
+    Case("override-no-equals", _train("epochs"), "must look like KEY=VALUE"),
+    Case("missing-yaml", lambda c: ["train", str(c.tmp / "missing.yaml")], "does not exist"),
+    Case(
+        "unknown-preset", lambda c: ["train", "mpe/simple_sprd"], "did you mean 'mpe/simple_spread'"
+    ),
+    Case("no-config", lambda c: ["train"], "give a preset name or a YAML file"),
+    Case(
+        "yaml-syntax",
+        lambda c: ["train", str(c.tmp / "s.yaml")],
+        "not valid YAML at line",
+        setup=_write("s.yaml", "algo: [1, 2\nenv: {\n"),
+    ),
+    Case(
+        "yaml-list",
+        lambda c: ["train", str(c.tmp / "l.yaml")],
+        "must hold a mapping",
+        setup=_write("l.yaml", "- 1\n- 2\n"),
+    ),
+    Case(
+        "yaml-self-base",
+        lambda c: ["train", str(c.tmp / "loop.yaml")],
+        "includes itself",
+        setup=lambda c: (c.tmp / "loop.yaml").write_text(f"base: {c.tmp / 'loop.yaml'}\n"),
+    ),
+    Case(
+        "yaml-env-list",
+        lambda c: ["train", str(c.tmp / "e.yaml")],
+        "'env' must be a mapping",
+        setup=_write("e.yaml", "env: [1, 2]\n"),
+    ),
+    Case(
+        "yaml-python-tag",
+        lambda c: ["train", str(c.tmp / "p.yaml")],
+        "not valid YAML",
+        setup=_write("p.yaml", "algo: !!python/object/apply:os.system ['echo pwned']\n"),
+    ),
+    Case("unknown-env", _train("env.name=mpe/nope"), "unknown environment 'mpe/nope'"),
+    Case("env-kwarg", _train("env.kwargs.bogus=1"), "bogus"),
+    Case("env-bad-value", _train("env.kwargs={num_agents: 0}"), "num_agents"),
+    Case("resume-missing", lambda c: ["train", "--resume", str(c.tmp / "nope")], "does not exist"),
+    Case(
+        "resume-not-a-run",
+        lambda c: ["train", "--resume", str(c.tmp)],
+        "a mappo run directory?",
+    ),
+    Case(
+        "resume-unknown-key",
+        _resume("total_env_steps=600", "algo.epoch=2"),
+        "did you mean 'algo.epochs'",
+    ),
+    Case(
+        "resume-bad-value",
+        _resume("total_env_steps=600", "algo.epochs=0"),
+        "'algo.epochs' must be >= 1",
+    ),
+    Case("eval-missing", lambda c: ["eval", str(c.tmp / "nope")], "does not exist"),
+    Case(
+        "eval-text-file",
+        lambda c: ["eval", str(c.tmp / "t.pt")],
+        "not a readable mappo",
+        setup=_write("t.pt", "not a checkpoint"),
+    ),
+    Case(
+        "eval-format-2-only",
+        lambda c: ["eval", str(c.tmp / "f2.pt")],
+        "incomplete",
+        setup=_save("f2.pt", {"format": 2}),
+    ),
+    Case("eval-episodes-zero", _eval("--episodes", "0"), "must be a positive integer"),
+    Case(
+        "eval-gif-no-folder",
+        lambda c: [*_eval()(c), "--gif", str(c.tmp / "no" / "x.gif")],
+        "does not exist",
+        stdout="eval_return_mean",
+    ),
+    Case(
+        "render-unknown-env",
+        lambda c: ["render", "mpe/nope", "--gif", str(c.tmp / "r.gif")],
+        "unknown environment",
+    ),
+    Case(
+        "render-txt",
+        lambda c: ["render", "mpe/simple_spread", "--gif", str(c.tmp / "r.txt")],
+        "must name a .gif file",
+    ),
+    Case(
+        "render-steps-negative",
+        lambda c: ["render", "mpe/simple_spread", "--gif", str(c.tmp / "r.gif"), "--steps", "-1"],
+        "must be a positive integer",
+    ),
+    Case("bench-unknown-preset", lambda c: ["bench", "train", "mpe/nope"], "no preset"),
+    Case("bench-env-device", lambda c: ["bench", "env", "--device", "cuda:x"], "device must be"),
+    Case("bench-unknown-command", lambda c: ["bench", "frobnicate"], "invalid choice"),
+    Case("eval-no-path", lambda c: ["eval"], "required"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_one_line_and_loses_nothing(case: Case, trained, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(trained, copy)
+    ctx = Ctx(run=trained, tmp=tmp_path, copy=copy, read_only=_read_only_dir(tmp_path))
+    if case.setup is not None:
+        case.setup(ctx)
+    before, before_copy = _digest(trained), _digest(copy)
+    try:
+        code, out, err = _cli(capsys, case.argv(ctx))
+    finally:
+        while _HELD:
+            _HELD.pop().close()
+    lines = err.strip().splitlines()
+    assert code == case.code, err
+    assert len(lines) == 1 and lines[0].startswith("mappo: error:"), err
+    assert case.message in lines[0], lines[0]
+    assert "Traceback" not in err
+    if case.stdout is not None:
+        assert case.stdout in out  # printed before the failure
+    assert _digest(trained) == before
+    if case.watch_copy:
+        assert _digest(copy) == before_copy
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.pt"))
+
+
+def test_there_are_enough_cases():
+    """The README quotes this count; the issue asked for the listed cases plus 30 more."""
+    assert len(CASES) >= 61
+    assert len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has MPS")
+def test_mps_without_mps(tmp_path, capsys):
+    code, _, err = _cli(capsys, [*SPREAD, f"run_dir={tmp_path}", "device=mps"])
+    assert code == 2 and "MPS is not available" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_cuda(trained, tmp_path, capsys):
+    code, _, err = _cli(capsys, ["eval", str(trained), "--device", "cuda"])
+    assert code == 2 and "no CUDA device is available" in err
+    code, _, err = _cli(capsys, [*SPREAD, f"run_dir={tmp_path}", "device=cuda:0"])
+    assert code == 2 and "no CUDA device is available" in err
+    assert not list(tmp_path.rglob("*.pt"))
+
+
+# -- divergence, interrupts, disk full, damaged checkpoints ------------------------------------
+
+
+def test_divergence_stops_with_exit_3_and_keeps_the_finite_checkpoints(tmp_path, capsys):
+    argv = [
+        "train", "mpe/simple_spread", "env.num_envs=8", "eval_episodes=2", "progress=false",
+        "algo.actor_lr=1e6", "algo.critic_lr=1e6", "total_env_steps=6000", "threads=1",
+        "checkpoint_interval=2", f"run_dir={tmp_path}",
+    ]  # fmt: skip
+    code, _, err = _cli(capsys, argv)
+    assert code == 3, err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("mappo: error: training diverged in update") and "is finite" in line
+    (run,) = list(tmp_path.glob("mpe/simple_spread/rmappo/*"))
+    assert not (run / "summary.json").exists()
+    kept = _ckpts(run)
+    assert kept, "the checkpoints written before the divergence are kept"
+    for path in kept:
+        data = mappo.checkpoint.load_checkpoint(path)  # refuses non-finite tensors
+        assert mappo.checkpoint.first_nonfinite(data["learner"]["optim"]) is None
+    code, out, err = _cli(capsys, ["eval", str(run), "--episodes", "2"])
+    assert code == 0 and "eval_return_mean" in out  # the newest finite checkpoint evaluates
+
+
+def test_disk_full_keeps_the_older_checkpoints(trained, tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = {p.name: p.read_bytes() for p in _ckpts(run)}
+    real_save = torch.save
+
+    def full_disk(obj, f, *args, **kwargs):  # writes part of the file, then the disk is full
+        real_save(obj, f, *args, **kwargs)
+        f.truncate(64)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(mappo.checkpoint.torch, "save", full_disk)
+    code, _, err = _cli(capsys, ["train", "--resume", str(run), "total_env_steps=600"])
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert "No space left on device" in line and "intact" in line
+    assert {p.name: p.read_bytes() for p in _ckpts(run)} == before
+    assert not list((run / "checkpoints").glob("*.tmp"))
+
+
+def test_resume_skips_a_truncated_newest_checkpoint(trained, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    newest = _ckpts(run)[-1]
+    newest.write_bytes(b"")
+    code, out, err = _cli(capsys, ["train", "--resume", str(run), "total_env_steps=400"])
+    assert code == 0, err
+    assert "mappo: warning: skipped" in err and newest.name in err
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["env_steps"] == 400
+
+
+def test_resume_records_its_overrides(trained, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    code, _, err = _cli(
+        capsys, ["train", "--resume", str(run), "total_env_steps=400", "algo.actor_lr=0.0001"]
+    )
+    assert code == 0, err
+    saved = (run / "config.yaml").read_text()
+    assert "total_env_steps: 400" in saved and "actor_lr: 0.0001" in saved
+
+
+def _start(argv: list[str], cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "mappo.cli", *argv],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _wait_for(path_glob: Callable[[], list[Path]], proc: subprocess.Popen, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while not path_glob():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "training did not start"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_checkpoints_and_prints_the_resume_command(tmp_path, sig, code):
+    """A signal before the first periodic checkpoint still leaves one, and the printed command
+    resumes the run to the same end as an uninterrupted one."""
+    common = [
+        "mpe/simple_spread", "env.num_envs=4", "eval_episodes=2", "progress=false",
+        "algo.epochs=1", "threads=1", "checkpoint_interval=1000", "total_env_steps=200000",
+        "tensorboard=false",
+    ]  # fmt: skip
+    proc = _start(["train", *common, "run_dir=runs"], tmp_path)
+    _wait_for(lambda: list(tmp_path.glob("runs/*/*/*/*/metrics.csv")), proc, 120)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    (line,) = err.strip().splitlines()
+    (run,) = list(tmp_path.glob("runs/mpe/simple_spread/rmappo/*"))
+    assert (
+        f"continue with: mappo train --resume {Path('runs') / run.relative_to(tmp_path / 'runs')}"
+        in line
+    )
+    (ckpt,) = _ckpts(run)
+    done = torch.load(ckpt, weights_only=True)["progress"]["env_steps"]
+    assert 0 < done < 200_000
+    # Resume to a few updates past the interruption, and compare with an uninterrupted run.
+    end = done + 300
+    again = ["train", "--resume", str(run), f"total_env_steps={end}"]
+    resumed = subprocess.run(
+        [sys.executable, "-m", "mappo.cli", *again],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert main(["train", *common, f"total_env_steps={end}", f"run_dir={tmp_path / 'ref'}"]) == 0
+    (ref,) = list(tmp_path.glob("ref/mpe/simple_spread/rmappo/*"))
+    a = torch.load(_ckpts(run)[-1], weights_only=True)["learner"]["policy"]
+    b = torch.load(_ckpts(ref)[-1], weights_only=True)["learner"]["policy"]
+    assert all(torch.equal(a[k], b[k]) for k in b)
