@@ -109,3 +109,13 @@ def test_describe_keys_documents_every_field() -> None:
     for key in C.LEAF_KEYS:
         assert sum(line.startswith(f"{key} = ") for line in lines) == 1
     assert all(f.metadata["doc"] for f in C.LEAF_KEYS.values())
+
+
+def test_a_config_remembers_its_preset_unless_the_env_changes(tmp_path) -> None:
+    assert C.load("mpe/simple_spread_fast").preset == "mpe/simple_spread_fast"
+    assert C.load("mpe/simple_spread_fast", ["seed=3"]).preset == "mpe/simple_spread_fast"
+    # The preset used as a template for another env: the run is named after the env instead.
+    assert C.load("mpe/simple_spread", ["env.name=mpe/simple_reference"]).preset == ""
+    path = tmp_path / "mine.yaml"
+    path.write_text("base: mpe/simple_spread_fast\nseed: 2\n")
+    assert C.load(str(path)).preset == ""

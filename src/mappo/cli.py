@@ -259,8 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     bt = bsub.add_parser("train", help="training steps per second of a preset")
     bt.add_argument("config", nargs="?", default="mpe/simple_spread")
     bt.add_argument("overrides", nargs="*")
-    bt.add_argument("--iterations", type=int, default=5)
-    bt.add_argument("--warmup", type=int, default=1)
+    bt.add_argument("--iterations", type=_positive_int, default=5)
+    bt.add_argument("--warmup", type=int, default=1, choices=range(0, 1000), metavar="N")
     bt.add_argument("--json", action="store_true")
     bt.set_defaults(func=cmd_bench_train)
     return p

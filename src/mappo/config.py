@@ -272,7 +272,13 @@ class TrainConfig:
         1, "Random seed (environments, initialisation, sampling).", low=0, high=2**32 - 1
     )
     device: str = _field("cpu", "Torch device: 'cpu', 'cuda' or 'cuda:N'.")
-    threads: int = _field(0, "Torch CPU threads (0 = leave torch's default).", low=0)
+    threads: int = _field(
+        0,
+        "Torch CPU threads; 0 = as many as cores other processes leave free, re-measured "
+        "every few seconds (fix it for bit-exact replays).",
+        low=0,
+        high=1024,
+    )
     eval_interval: int = _field(
         25, "Evaluate every this many updates (0 = only at the end).", low=0
     )
@@ -557,9 +563,14 @@ def check(cfg: TrainConfig) -> None:
                 "config field 'wandb' is true but Weights & Biases is not installed; "
                 "`pip install wandb` or set wandb=false"
             )
-    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", cfg.device):
+    if not _DEVICE.fullmatch(cfg.device):
         raise ConfigError(
             f"config field 'device' must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {cfg.device!r}"
+        )
+    if cfg.preset and not all(_LABEL.fullmatch(part) for part in cfg.preset.split("/")):
+        raise ConfigError(
+            f"config field 'preset' must be a preset name such as mpe/simple_spread, got "
+            f"{cfg.preset!r}; it names folders inside run_dir, so no leading '/' or '..'"
         )
     if cfg.name and not _LABEL.fullmatch(cfg.name):
         raise ConfigError(
@@ -570,6 +581,7 @@ def check(cfg: TrainConfig) -> None:
 
 # A run-directory label: one path component that stays inside run_dir.
 _LABEL = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.+\-]+")
+_DEVICE = re.compile(r"cpu|mps|cuda(:(0|[1-9]\d{0,3}))?")
 
 
 def check_device(name: str) -> Any:
@@ -578,7 +590,7 @@ def check_device(name: str) -> Any:
     trained on another)."""
     import torch
 
-    if not re.fullmatch(r"cpu|mps|cuda(:\d+)?", name):
+    if not _DEVICE.fullmatch(name):
         raise ConfigError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {name!r}")
     device = torch.device(name)
     if device.type == "cuda":
@@ -672,8 +684,11 @@ def load(
                 raise ConfigError(f"{err} (in {where})") from None
         if not source.endswith((".yaml", ".yml")) and not Path(source).is_file():
             cfg.preset = source
+    env_name = cfg.env.name
     if overrides:
         apply(cfg, parse_overrides(overrides) if isinstance(overrides, list) else overrides)
+    if cfg.env.name != env_name:  # a preset used as a template for another env is not that task
+        cfg.preset = ""
     return cfg
 
 

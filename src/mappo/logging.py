@@ -71,7 +71,7 @@ def _read_rows(path: Path, up_to_step: int) -> tuple[list[str], list[dict[str, A
             if "env_steps" not in columns:
                 raise ValueError("no env_steps column")
             rows = [r for r in reader if int(float(r["env_steps"])) <= up_to_step]
-    except (ValueError, TypeError, UnicodeDecodeError, csv.Error) as err:
+    except (ValueError, TypeError, OverflowError, UnicodeDecodeError, csv.Error) as err:
         raise MetricsError(
             f"'{path}' is not a readable metrics file ({err}); move it aside (it is left as it "
             "is) and resume again to start a new one"

@@ -1,4 +1,5 @@
-"""What a run will need before it starts: an estimate of its memory, checked against the machine.
+"""What a run needs of the machine: an estimate of its memory, checked before it starts, and
+torch threads that follow the cores other processes leave free.
 
 A run sized beyond the machine (``env.num_envs=1e9``) would otherwise fail deep inside the first
 allocation, or swap the machine to a halt. The estimate is a lower bound built from the env's
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import Any
 
 import torch
@@ -45,11 +47,24 @@ def env_state_bytes(env: Any) -> int:
     return sum(t.numel() * t.element_size() for t in state.values()) // max(env.num_envs, 1)
 
 
+def buffer_step_bytes(spec: EnvSpec) -> int:
+    """Bytes of one step of one stored episode in the value family's replay buffer
+    (:class:`~mappo.data.EpisodeBatch`): float32 observations and state, bool masks and flags,
+    int64 actions; no agent-specific state."""
+    total = 4 * math.prod(spec.state_shape) + 4 + 3  # state, reward, terminated/truncated/filled
+    for g in spec.groups.values():
+        per_agent = 4 * math.prod(g.obs_shape) + 1 + 8 * g.action.num_heads  # obs, alive, actions
+        if g.has_action_mask:
+            per_agent += g.action.total
+        total += g.num_agents * per_agent
+    return total
+
+
 def estimate_bytes(cfg: Any, spec: EnvSpec, state_bytes: int) -> dict[str, int]:
     """Estimated bytes per part of a run of ``cfg``: ``{"env.num_envs": ..., "eval_episodes":
     ..., "algo.buffer_size": ...}`` (the keys name the config field that sizes each part)."""
     step = step_bytes(spec)
-    episode = (spec.episode_limit + 1) * step
+    episode = (spec.episode_limit + 1) * buffer_step_bytes(spec)
     num_envs = cfg.env.num_envs
     if cfg.family == "ppo":
         train = num_envs * (state_bytes + (cfg.rollout_length + 1) * step * _PPO_COPIES)
@@ -110,3 +125,75 @@ def memory_problem(cfg: Any, spec: EnvSpec, state_bytes: int, free: int | None) 
         f"takes {format_bytes(parts[biggest])}) but {format_bytes(free)} is free on "
         f"{cfg.device}; lower {biggest}"
     )
+
+
+class ThreadGovernor:
+    """``threads=0``: torch's CPU threads follow the cores that other processes leave free.
+
+    Torch's intra-op threads wait for each other at the end of every operation. When another
+    process holds a core, the thread sharing it runs only part of the time and every small
+    operation waits for it: small-batch training then runs several times slower than on one
+    thread. The governor reads the CPU time of the CPUs this process may run on (Linux
+    ``/proc/stat`` and the affinity mask), subtracts this process's own, and sets as many threads
+    as cores are free (never more than torch's own default), at the start and then at most every
+    ``interval`` seconds. Where ``/proc/stat`` does not exist, torch's default is kept.
+
+    A different thread count can round a few operations differently, so a run that must
+    replay bit for bit (a resume compared with an uninterrupted run) fixes ``threads=N``.
+    """
+
+    def __init__(self, interval: float = 5.0, probe: float = 0.2) -> None:
+        self.interval = interval
+        self.cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        self.cores = len(self.cpus) if self.cpus else None
+        # Never more than torch would use by itself (physical cores, OMP_NUM_THREADS...).
+        self.most = torch.get_num_threads()
+        self.ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.last = self._sample()
+        self.threads: int | None = None
+        if self.last is not None and self.cores:
+            time.sleep(probe)  # how busy the machine is before this process adds to it
+            self.update(force=True)
+
+    def _sample(self) -> tuple[float, float, float] | None:
+        """(wall seconds, busy CPU seconds of the CPUs this process may use, CPU seconds of
+        this process)."""
+        if not self.cpus:
+            return None
+        busy = 0
+        names = {f"cpu{i}" for i in self.cpus}
+        try:
+            with open("/proc/stat") as f:
+                for line in f:
+                    name, *rest = line.split()
+                    if name in names:
+                        fields = [int(x) for x in rest]
+                        busy += sum(fields[:8]) - fields[3] - (fields[4] if len(fields) > 4 else 0)
+        except (OSError, ValueError, IndexError):
+            return None
+        own = os.times()
+        return time.monotonic(), busy / self.ticks, own.user + own.system
+
+    def free_cores(self) -> float | None:
+        """Cores not used by other processes since the last sample (None without a sample)."""
+        now = self._sample()
+        if now is None or self.last is None or now[0] - self.last[0] <= 0 or not self.cores:
+            return None
+        elapsed = now[0] - self.last[0]
+        others = max(0.0, (now[1] - self.last[1]) - (now[2] - self.last[2])) / elapsed
+        self.last = now
+        return self.cores - others
+
+    def update(self, force: bool = False) -> int | None:
+        """Re-measure (at most every ``interval`` s) and set torch's threads; returns them."""
+        if self.last is None or (not force and time.monotonic() - self.last[0] < self.interval):
+            return self.threads
+        free = self.free_cores()
+        if free is None:
+            return self.threads
+        # A core counts as free when others use less than about a third of it.
+        threads = max(1, min(self.cores or 1, self.most, math.floor(free + 0.3)))
+        if threads != self.threads:
+            torch.set_num_threads(threads)
+            self.threads = threads
+        return self.threads

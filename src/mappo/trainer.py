@@ -15,6 +15,7 @@ import re
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,9 +39,11 @@ from mappo.envs.registry import make as make_env
 from mappo.evaluation import evaluate
 from mappo.learners import Learner, make_learner
 from mappo.logging import MetricsLogger, ProgressBar
-from mappo.resources import available_bytes, env_state_bytes, memory_problem
+from mappo.resources import ThreadGovernor, available_bytes, env_state_bytes, memory_problem
 
 _EVAL_SEED_OFFSET = 1_000_003
+# A thread count the user set for the whole process wins over the governor.
+_THREADS_FROM_ENV = any(os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"))
 # Adapter envs run in worker processes: a probe for the memory estimate starts one, so they are
 # probed only where the env count could plausibly exhaust memory.
 _PROBE_ADAPTERS_ABOVE = 4096
@@ -92,8 +95,11 @@ class Trainer:
         checkpoint: dict[str, Any] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.governor: ThreadGovernor | None = None
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        elif config_mod.check_device(cfg.device).type == "cpu" and not _THREADS_FROM_ENV:
+            self.governor = ThreadGovernor()
         device = config_mod.check_device(cfg.device)
         _check_memory(cfg, device)
         self.env = make_env(
@@ -224,6 +230,8 @@ class Trainer:
             for k in timings:
                 timings[k] += result.pop(k)
             self.check_finite(result)
+            if self.governor is not None:
+                self.governor.update()
             last = self.env_steps >= cfg.total_env_steps
             evaluating = last or (cfg.eval_interval and self.iteration % cfg.eval_interval == 0)
             logging_now = last or self.iteration % cfg.log_interval == 0 or evaluating
@@ -237,6 +245,7 @@ class Trainer:
                     "iteration": float(self.iteration),
                     "wall_seconds": time.perf_counter() - start,
                     "steps_per_second": sps,
+                    "threads": float(torch.get_num_threads()),
                     **self.learner.schedule_metrics(),
                     **{f"train/{k}": v for k, v in train.items()},
                     **{f"time/{k}": v for k, v in timings.items()},
@@ -253,7 +262,9 @@ class Trainer:
             stopping = self.stop_signal is not None
             due = last or stopping or self.iteration % cfg.checkpoint_interval == 0
             if self.run_dir is not None and due:
-                self.save_checkpoint(time.perf_counter() - start, periodic=not (last or stopping))
+                # A stop on a signal saves like a periodic checkpoint (without a replay buffer the
+                # config leaves out of them): it must finish within a SIGTERM's grace period.
+                self.save_checkpoint(time.perf_counter() - start, periodic=not last)
             if stopping and not last:
                 assert self.stop_signal is not None and self.run_dir is not None
                 raise RunInterrupted(
@@ -287,8 +298,10 @@ def _check_memory(cfg: TrainConfig, device: torch.device) -> None:
     if adapter and cfg.env.num_envs + cfg.eval_episodes <= _PROBE_ADAPTERS_ABOVE:
         return
     kwargs = dict(cfg.env.kwargs)
-    if adapter:
-        kwargs["num_workers"] = 0  # the probe's one copy runs in this process
+    if adapter:  # the probe's one copy runs in this process, without the worker options
+        for key in ("timeout", "envs_per_worker", "start_method", "startup_timeout"):
+            kwargs.pop(key, None)
+        kwargs["num_workers"] = 0
     with make_env(cfg.env.name, num_envs=1, device=device, seed=cfg.seed, **kwargs) as probe:
         problem = memory_problem(cfg, probe.spec, env_state_bytes(probe), available_bytes(device))
     if problem is not None:
@@ -347,7 +360,9 @@ def resume(run_dir: str | Path, overrides: list[str] | dict[str, Any] | None = N
     if not path.is_dir():
         raise CheckpointError(f"run directory '{path}' does not exist")
     with _locked(path):
-        _, ckpt = load_latest(path)
+        for stale in (path / "checkpoints").glob("*.pt.tmp"):  # a write cut off by a kill
+            stale.unlink()
+        newest, ckpt = load_latest(path)
         saved = config_mod.from_dict(ckpt["config"])
         cfg = config_mod.from_dict(ckpt["config"])
         if overrides:
@@ -364,7 +379,16 @@ def resume(run_dir: str | Path, overrides: list[str] | dict[str, Any] | None = N
             )
         trainer = Trainer(cfg, checkpoint=ckpt)
         trainer.run_dir = path
+        trainer.last_checkpoint = newest
+        # Newer files that could not be used move aside (kept), so that rotation never counts
+        # them among the checkpoints to keep.
+        for unusable in _checkpoint_files_after(path, newest):
+            unusable.rename(unusable.with_name(unusable.name + ".unusable"))
         return _run(trainer, resume_step=trainer.env_steps, locked=True)
+
+
+def _checkpoint_files_after(run_dir: Path, newest: Path) -> list[Path]:
+    return [p for p in (run_dir / "checkpoints").glob("iter_*.pt") if p.name > newest.name]
 
 
 # What a checkpoint's state depends on: these keys cannot change when a run is resumed.
@@ -405,13 +429,19 @@ def _locked(run_dir: Path) -> Iterator[None]:
     with open(lock_path, "a+") as f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except BlockingIOError:
             f.seek(0)
             pid = f.read().strip() or "?"
             raise CheckpointError(
                 f"run '{run_dir}' is in use by another mappo process (pid {pid}); wait for it "
                 "to finish or stop it, then resume"
             ) from None
+        except OSError as err:  # a filesystem without locks (some NFS, Lustre): run unguarded
+            warnings.warn(
+                f"run '{run_dir}' cannot be locked ({err.strerror}); do not resume it "
+                "twice at once",
+                stacklevel=3,
+            )
         f.seek(0)
         f.truncate()
         f.write(str(os.getpid()))
@@ -419,7 +449,8 @@ def _locked(run_dir: Path) -> Iterator[None]:
         try:
             yield
         finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            with contextlib.suppress(OSError):
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
@@ -433,6 +464,7 @@ def _stop_on_signals(trainer: Trainer) -> Iterator[None]:
 
     def handler(signum: int, frame: Any) -> None:
         if trainer.stop_signal is not None:
+            trainer.stop_signal = signum
             raise KeyboardInterrupt
         trainer.stop_signal = signum
 
@@ -467,9 +499,8 @@ def _run(trainer: Trainer, resume_step: int | None, locked: bool = False) -> Run
                 summary = trainer.run(logger, progress)
     except KeyboardInterrupt:
         # A second Ctrl-C during an iteration: the checkpoints written so far are intact.
-        raise RunInterrupted(
-            signal.SIGINT, path, trainer.env_steps, trainer.last_checkpoint
-        ) from None
+        signum = trainer.stop_signal or signal.SIGINT
+        raise RunInterrupted(signum, path, trainer.env_steps, trainer.last_checkpoint) from None
     finally:
         trainer.close()
     summary["run_dir"] = str(path)

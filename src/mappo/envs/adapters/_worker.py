@@ -652,8 +652,10 @@ def worker_main(
     """Serve commands from the main process until it sends ``CLOSE`` or goes away."""
     from multiprocessing import shared_memory
 
-    # Ctrl-C reaches the whole process group; the main process decides and ends the workers.
+    # Ctrl-C and SIGTERM reach the whole process group; the trainer handles them (it finishes
+    # its update, which needs the workers) and then stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _exit_with_parent()
     stack_out = None
     if stack_file is not None and hasattr(signal, "SIGUSR1"):
