@@ -126,6 +126,17 @@ def _checkpoint_files(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "checkpoints").glob("iter_*.pt"))
 
 
+def tidy_for_resume(run_dir: Path, resumed_from: Path) -> None:
+    """Before a run resumes from ``resumed_from``: remove the temporary file of a write that a
+    kill cut off, and move newer checkpoints that could not be used aside (kept, renamed
+    ``*.pt.unusable``) so that rotation never counts them among the ones to keep."""
+    for stale in (run_dir / "checkpoints").glob("*.pt.tmp"):
+        stale.unlink()
+    for path in _checkpoint_files(run_dir):
+        if path.name > resumed_from.name:
+            path.rename(path.with_name(path.name + ".unusable"))
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path:
     """The newest checkpoint file of a run directory (not opened: see :func:`load_latest`)."""
     run_dir = Path(run_dir)

@@ -32,6 +32,7 @@ from mappo.checkpoint import (  # noqa: F401 - re-exported: part of the trainer'
     load_checkpoint,
     load_latest,
     save_rotating,
+    tidy_for_resume,
 )
 from mappo.config import TrainConfig
 from mappo.data import spec_to_dict
@@ -360,8 +361,6 @@ def resume(run_dir: str | Path, overrides: list[str] | dict[str, Any] | None = N
     if not path.is_dir():
         raise CheckpointError(f"run directory '{path}' does not exist")
     with _locked(path):
-        for stale in (path / "checkpoints").glob("*.pt.tmp"):  # a write cut off by a kill
-            stale.unlink()
         newest, ckpt = load_latest(path)
         saved = config_mod.from_dict(ckpt["config"])
         cfg = config_mod.from_dict(ckpt["config"])
@@ -380,15 +379,8 @@ def resume(run_dir: str | Path, overrides: list[str] | dict[str, Any] | None = N
         trainer = Trainer(cfg, checkpoint=ckpt)
         trainer.run_dir = path
         trainer.last_checkpoint = newest
-        # Newer files that could not be used move aside (kept), so that rotation never counts
-        # them among the checkpoints to keep.
-        for unusable in _checkpoint_files_after(path, newest):
-            unusable.rename(unusable.with_name(unusable.name + ".unusable"))
+        tidy_for_resume(path, newest)
         return _run(trainer, resume_step=trainer.env_steps, locked=True)
-
-
-def _checkpoint_files_after(run_dir: Path, newest: Path) -> list[Path]:
-    return [p for p in (run_dir / "checkpoints").glob("iter_*.pt") if p.name > newest.name]
 
 
 # What a checkpoint's state depends on: these keys cannot change when a run is resumed.
