@@ -1,11 +1,12 @@
-"""The ``mappo`` command: train, resume, evaluate, render, list and benchmark.
+"""The ``mappo`` command: train, resume, evaluate, render, list, benchmark, and sweep, plot and
+report many runs.
 
 Every error a user can cause (a bad config key or value, a missing or unwritable file, a bad
 environment parameter, a run sized beyond the machine) is printed as one line starting with
 ``mappo: error:`` and exits with status 2. Training that diverges (a NaN or inf loss, gradient or
 parameter) exits with status 3, keeping its newest finite checkpoint. SIGINT (Ctrl-C) and SIGTERM
 stop training after the current update with a checkpoint and the command that resumes it, with
-status 130 and 143.
+status 130 and 143. A sweep whose trials failed exits with status 1 after the others finished.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from mappo import config as config_mod
 from mappo.checkpoint import CheckpointError
 from mappo.envs.base import EnvError
+from mappo.experiments.runs import ResultsError
 from mappo.logging import MetricsError
 
 EXIT_USAGE = 2
@@ -168,6 +170,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from mappo.envs.registry import list_envs
+    from mappo.experiments.sweep import list_specs
 
     if args.keys:
         print(config_mod.describe_keys())
@@ -180,6 +183,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"  {entry.name:36s} {entry.description}")
     print("  pettingzoo:<module>.<env>            any PettingZoo ParallelEnv (extra: pettingzoo)")
     print("  gymnasium:<package>:<id>             Gymnasium multi-agent envs (extras: lbf, rware)")
+    print("sweep specs (mappo sweep SPEC):")
+    for name in list_specs():
+        print(f"  {name}")
     return 0
 
 
@@ -204,6 +210,68 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
     cfg = config_mod.load(args.config, args.overrides)
     report = run_train_bench(cfg, iterations=args.iterations, warmup=args.warmup)
     print(json.dumps(report) if args.json else format_report(report))
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from mappo.experiments.sweep import SweepInterrupted, load_spec, run_sweep, write_outputs
+
+    spec = load_spec(args.spec, args.dir)
+    if args.dry_run:
+        for trial in spec.trials:
+            print(f"{trial.id}  {trial.dir}")
+        return 0
+    try:
+        results = run_sweep(spec, args.backend, args.address, args.max_concurrent)
+    except SweepInterrupted:
+        print(
+            f"mappo: sweep interrupted; run `mappo sweep {args.spec}` again to continue "
+            "(finished trials are skipped, the others resume from their checkpoints)",
+            file=sys.stderr,
+        )
+        return 128 + signal.SIGINT
+    report = write_outputs(spec, sys.stdout)
+    if report:
+        print(report)
+    failed = [r for r in results if r.status == "failed"]
+    for r in failed:
+        print(f"mappo: trial {r.id} failed: {r.error}", file=sys.stderr)
+    if failed:
+        print(
+            f"mappo: {len(failed)} of {len(results)} trials failed (their error.txt has the "
+            "traceback); fix the cause and run the same command to retry them",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _results(args: argparse.Namespace) -> tuple[list, str]:
+    from mappo.experiments.runs import default_metric, find_runs, group_runs
+
+    runs = find_runs(args.dirs)
+    return group_runs(runs), args.metric or default_metric(runs)
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from mappo.experiments.plot import plot_curves
+
+    if args.out.suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise config_mod.ConfigError(f"--out must name a .png, .pdf or .svg file, got '{args.out}'")
+    configs, metric = _results(args)
+    plot_curves(configs, metric, args.x, out=args.out, title=args.title)
+    print(f"wrote {args.out}: {len(configs)} configurations, metric {metric} against {args.x}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from mappo.experiments.report import FORMATS, marl_eval, report_rows
+
+    configs, metric = _results(args)
+    print(FORMATS[args.format](report_rows(configs, metric)))
+    if args.marl_eval:
+        args.marl_eval.write_text(json.dumps(marl_eval(configs, metric), indent=2))
+        print(f"wrote {args.marl_eval} (marl-eval raw-data JSON)", file=sys.stderr)
     return 0
 
 
@@ -245,6 +313,54 @@ def build_parser() -> argparse.ArgumentParser:
     ls = sub.add_parser("list", help="presets and environments")
     ls.add_argument("--keys", action="store_true", help="list every config key instead")
     ls.set_defaults(func=cmd_list)
+
+    sw = sub.add_parser(
+        "sweep", help="run a grid of presets x overrides x seeds (resumable; Ray or serial)"
+    )
+    sw.add_argument("spec", help="sweep spec YAML, or a shipped spec such as paper/mpe")
+    sw.add_argument("--dir", help="sweep directory (default: sweeps/<spec name>)")
+    sw.add_argument(
+        "--backend",
+        default="auto",
+        choices=("auto", "ray", "serial"),
+        help="ray (needs mappo[ray]), serial (one trial at a time here), auto: ray if installed",
+    )
+    sw.add_argument(
+        "--address", help="Ray cluster to use: auto or HOST:PORT (default: a local Ray)"
+    )
+    sw.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=None,
+        choices=range(0, 100000),
+        metavar="N",
+        help="trials at once (default: the spec's max_concurrent; 0: as resources allow)",
+    )
+    sw.add_argument("--dry-run", action="store_true", help="list the trials and stop")
+    sw.set_defaults(func=cmd_sweep)
+
+    for name, helptext in (
+        ("plot", "learning curves of run directories: mean and 95%% band over seeds"),
+        ("report", "a table per configuration of run directories: final, best, IQM with CI"),
+    ):
+        q = sub.add_parser(name, help=helptext)
+        q.add_argument("dirs", nargs="+", help="run directories or folders holding them")
+        q.add_argument(
+            "--metric",
+            help="metrics.csv column (default: eval/eval_battle_won if logged, else "
+            "eval/eval_return_mean)",
+        )
+        if name == "plot":
+            q.add_argument("--out", type=Path, required=True, help="figure file (.png/.pdf/.svg)")
+            q.add_argument("--x", default="env_steps", choices=("env_steps", "wall_seconds"))
+            q.add_argument("--title")
+            q.set_defaults(func=cmd_plot)
+        else:
+            q.add_argument("--format", default="markdown", choices=("markdown", "csv", "json"))
+            q.add_argument(
+                "--marl-eval", type=Path, help="also write the runs as marl-eval raw-data JSON"
+            )
+            q.set_defaults(func=cmd_report)
 
     b = sub.add_parser("bench", help="throughput benchmarks")
     bsub = b.add_subparsers(dest="bench", required=True, parser_class=_Parser)
@@ -294,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.showwarning = _show_warning
     try:
         return args.func(args)
-    except (config_mod.ConfigError, EnvError, CheckpointError, MetricsError) as err:
+    except (config_mod.ConfigError, EnvError, CheckpointError, MetricsError, ResultsError) as err:
         _error(err)
         return EXIT_USAGE
     except OSError as err:

@@ -1,0 +1,76 @@
+"""Learning curves of many runs: one line (the mean over seeds) and one band (its 95% bootstrap
+interval) per configuration, against env steps or wall time (matplotlib, ``mappo[plot]``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mappo.experiments.runs import Configuration, ResultsError
+from mappo.experiments.stats import bootstrap_curves
+
+X_AXES = {"env_steps": "env steps", "wall_seconds": "wall time (s)"}
+
+
+def aggregate(
+    conf: Configuration, metric: str, x: str = "env_steps", points: int = 100, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A configuration's seeds on a common grid: ``(grid, mean, low, high)``, each ``[points]``.
+
+    Each seed's curve is linearly interpolated onto ``points`` values of ``x`` spanning the range
+    every seed covers (from the latest first point to the earliest last point), so the band at a
+    point always averages all seeds; a seed that stopped early shortens the curve.
+    """
+    curves = [run.curve(metric, x) for run in conf.runs]
+    curves = [(cx, cy) for cx, cy in curves if cx.size]
+    if not curves:
+        raise ResultsError(f"'{conf.label}' has no '{metric}' values yet")
+    start = max(float(cx[0]) for cx, _ in curves)
+    stop = min(float(cx[-1]) for cx, _ in curves)
+    grid = np.linspace(start, stop, points if stop > start else 1)
+    ys = np.stack([np.interp(grid, cx, cy) for cx, cy in curves])  # [seeds, points]
+    mean, low, high = bootstrap_curves(ys, seed=seed)
+    return grid, mean, low, high
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError:
+        raise ResultsError(
+            "plots need matplotlib: pip install 'mappo[plot]' (or pip install matplotlib)"
+        ) from None
+    matplotlib.use("Agg")  # files only: no display needed (headless machines, CI)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_curves(
+    configs: list[Configuration],
+    metric: str,
+    x: str = "env_steps",
+    out: str | Path | None = None,
+    title: str | None = None,
+) -> Any:
+    """A figure with one line and one band per configuration; saved to ``out`` when given
+    (the format follows its suffix: .png, .pdf, .svg). Returns the matplotlib Figure."""
+    if x not in X_AXES:
+        raise ResultsError(f"--x must be one of {list(X_AXES)}, got {x!r}")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.0, 4.5), dpi=120)
+    for conf in configs:
+        grid, mean, low, high = aggregate(conf, metric, x)
+        (line,) = ax.plot(grid, mean, label=f"{conf.label} ({len(conf.runs)} seeds)")
+        ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_xlabel(X_AXES[x])
+    ax.set_ylabel(metric)
+    ax.set_title(title or ", ".join(sorted({c.task for c in configs})))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    if out is not None:
+        fig.savefig(out)
+    return fig

@@ -1,0 +1,203 @@
+"""Run directories read back for comparison: found at any depth, grouped by configuration.
+
+A run directory is any folder holding both ``config.yaml`` and ``metrics.csv`` (what
+:func:`mappo.train` and every sweep trial write). Runs whose configs differ only in the seed or in
+keys that do not change what is learned (threads, device, logging, the budget...) are one
+*configuration*: its seeds are aggregated in plots and reports.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from mappo import config as config_mod
+
+# Keys that do not change what a run learns: runs differing only in these are seeds of one
+# configuration. total_env_steps is here so that a seed stopped early or extended still counts.
+_NOT_CONFIGURATION = (
+    "seed",
+    "run_dir",
+    "threads",
+    "device",
+    "progress",
+    "tensorboard",
+    "wandb",
+    "wandb_project",
+    "total_env_steps",
+    "eval_interval",
+    "eval_episodes",
+    "log_interval",
+    "checkpoint_interval",
+    "keep_checkpoints",
+    "preset",
+)
+WIN_RATE = "eval/eval_battle_won"
+RETURN = "eval/eval_return_mean"
+
+
+class ResultsError(ValueError):
+    """Run directories that cannot be read or compared; the message says what to do."""
+
+
+@dataclass
+class RunRecord:
+    """One run directory read back: its flattened config and its ``metrics.csv`` columns."""
+
+    dir: Path
+    config: dict[str, Any]
+    """The flattened config (``{"algo.clip": 0.2, ...}``) as written to ``config.yaml``."""
+    columns: dict[str, np.ndarray]
+    """``metrics.csv`` as float arrays ``[rows]``, NaN where a row has no value."""
+    summary: dict[str, Any] | None = None
+    algo: str = ""
+    """The algorithm label (``rmappo``, ``qmix``...) as the run directory names it."""
+
+    @property
+    def seed(self) -> int:
+        return int(self.config.get("seed", 0))
+
+    @property
+    def task(self) -> str:
+        return str(self.config.get("env.name", "?"))
+
+    @property
+    def source(self) -> str:
+        """The preset the run came from, or its env name for a YAML file's config."""
+        return str(self.config.get("preset") or self.task)
+
+    def curve(self, metric: str, x: str = "env_steps") -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)`` at the rows where ``metric`` was logged; both ``[k]``."""
+        if metric not in self.columns:
+            raise ResultsError(
+                f"'{self.dir / 'metrics.csv'}' has no column '{metric}'; its columns: "
+                f"{', '.join(sorted(self.columns))}"
+            )
+        y = self.columns[metric]
+        keep = np.isfinite(y) & np.isfinite(self.columns[x])
+        return self.columns[x][keep], y[keep]
+
+    def final(self, column: str) -> float:
+        """The last logged value of ``column`` (NaN if there is none)."""
+        values = self.columns.get(column)
+        if values is None:
+            return math.nan
+        finite = values[np.isfinite(values)]
+        return float(finite[-1]) if finite.size else math.nan
+
+
+@dataclass
+class Configuration:
+    """The seeds of one configuration and a label that tells it apart from the others."""
+
+    label: str
+    runs: list[RunRecord] = field(default_factory=list)
+    key: tuple = ()
+
+    @property
+    def task(self) -> str:
+        return self.runs[0].task
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text) if text != "" else math.nan
+    except ValueError:
+        return math.nan
+
+
+def read_run(path: Path) -> RunRecord:
+    """One run directory: ``config.yaml`` (safe YAML), ``metrics.csv`` and ``summary.json``."""
+    try:
+        data = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8")) or {}
+        with (path / "metrics.csv").open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            names = list(reader.fieldnames or [])
+            rows = list(reader)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, csv.Error) as err:
+        raise ResultsError(f"cannot read run '{path}': {err}") from None
+    if not isinstance(data, dict) or "env_steps" not in names:
+        raise ResultsError(f"'{path}' is not a run directory of mappo (config.yaml, metrics.csv)")
+    flat = config_mod._flatten(data)
+    columns = {name: np.array([_float(r.get(name) or "") for r in rows]) for name in names}
+    summary = None
+    if (path / "summary.json").is_file():
+        try:
+            summary = json.loads((path / "summary.json").read_text())
+        except (OSError, ValueError):
+            summary = None
+    try:
+        algo = config_mod.from_dict(data).algo_name
+    except (ValueError, TypeError):  # a config written by another version: its raw label
+        algo = str(flat.get("name") or flat.get("algo.name", "?"))
+    return RunRecord(path, flat, columns, summary, algo)
+
+
+def find_runs(paths: list[str | Path]) -> list[RunRecord]:
+    """Every run directory under ``paths`` (at any depth; a path may be a run directory itself),
+    in sorted order; runs with no logged row yet are left out."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise ResultsError(f"'{p}' does not exist")
+        if (p / "metrics.csv").is_file() and (p / "config.yaml").is_file():
+            found.append(p)
+        found += sorted(
+            m.parent
+            for m in p.rglob("metrics.csv")
+            if (m.parent / "config.yaml").is_file() and m.parent != p
+        )
+    runs = [read_run(p) for p in dict.fromkeys(found)]
+    runs = [r for r in runs if r.columns["env_steps"].size]
+    if not runs:
+        raise ResultsError(
+            "no run directories (with config.yaml and metrics.csv) under "
+            + ", ".join(map(str, paths))
+        )
+    return runs
+
+
+def _value_text(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+
+
+def group_runs(runs: list[RunRecord]) -> list[Configuration]:
+    """Group runs into configurations (equal config apart from seed and bookkeeping keys).
+
+    Labels are ``<preset or task> <algo>`` followed by ``key=value`` for the keys in which
+    configurations of the same preset and algorithm differ (e.g. ``algo.clip=0.1``).
+    """
+    groups: dict[tuple, Configuration] = {}
+    for run in runs:
+        key = tuple(
+            sorted(
+                (k, _value_text(v)) for k, v in run.config.items() if k not in _NOT_CONFIGURATION
+            )
+        )
+        key = (run.source, run.algo, *key)
+        groups.setdefault(key, Configuration(label="", key=key)).runs.append(run)
+    configs = list(groups.values())
+    for conf in configs:
+        siblings = [c for c in configs if c.key[:2] == conf.key[:2]]
+        mine = dict(conf.key[2:])
+        varying = sorted(
+            k
+            for k in {k for c in siblings for k, _ in c.key[2:]} | set(mine)
+            if len({dict(c.key[2:]).get(k) for c in siblings}) > 1
+        )
+        extra = " ".join(f"{k}={mine.get(k, '-')}" for k in varying)
+        conf.label = f"{conf.key[0]} {conf.key[1]}" + (f" {extra}" if extra else "")
+        conf.runs.sort(key=lambda r: (r.seed, str(r.dir)))
+    return sorted(configs, key=lambda c: c.label)
+
+
+def default_metric(runs: list[RunRecord]) -> str:
+    """The greedy win rate where runs log one (StarCraft-style maps), else the greedy return."""
+    return WIN_RATE if any(WIN_RATE in r.columns for r in runs) else RETURN

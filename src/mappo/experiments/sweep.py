@@ -1,0 +1,651 @@
+"""Sweeps: a grid of presets x overrides x seeds, each trial an ordinary run directory.
+
+A spec (YAML, read with the safe loader) names what to run::
+
+    name: spread_clip                     # default: the spec file's name
+    presets: [mpe/simple_spread_fast, mpe/simple_spread_mappo]
+    seeds: [1, 2, 3]                      # or a count: 3 means [1, 2, 3]
+    overrides: {total_env_steps: 1000000} # applied to every trial
+    grid: {algo.clip: [0.1, 0.2]}         # a cross product
+    resources: {cpus: 1, gpus: 0}         # per trial (Ray); cpus also sets torch threads
+    max_concurrent: 0                     # 0: as many as the resources allow
+
+Trial ``<preset>/<grid point>/seed<k>`` trains in ``<sweep dir>/<preset>/<grid point>/seed<k>/``.
+What is on disk decides what a trial does, so a sweep is resumable by running it again: a trial
+whose ``summary.json`` reached its budget is skipped, one with a checkpoint resumes from it (exact
+on CPU), any other starts afresh. A failing trial writes ``error.txt`` (its traceback) and is
+reported; the others go on. Trials run on Ray (an embedded local instance by default, or a
+cluster's address) or one after another in this process (``backend="serial"``). On a cluster
+the sweep directory must be on a filesystem every node sees (e.g. NFS), as trials write there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+import itertools
+import json
+import math
+import os
+import re
+import socket
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from mappo import config as config_mod
+from mappo.experiments import runs as runs_mod
+
+SPEC_DIR = Path(__file__).parent / "specs"
+_SPEC_KEYS = (
+    "name",
+    "description",
+    "presets",
+    "seeds",
+    "overrides",
+    "grid",
+    "resources",
+    "max_concurrent",
+    "metric",
+)
+_RESOURCE_KEYS = ("cpus", "gpus")
+
+
+class SweepError(config_mod.ConfigError):
+    """A spec or sweep directory that cannot be run; the message names the fix (CLI exit 2)."""
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One run of a sweep: a preset, its overrides (grid point and seed included) and where."""
+
+    id: str
+    """``<preset>/<grid point>/seed<k>``: also the trial's folder inside the sweep directory."""
+    preset: str
+    overrides: dict[str, Any]
+    dir: str
+    """Absolute path of the trial's run directory."""
+    total_env_steps: int
+
+    @property
+    def root(self) -> Path:
+        """The sweep directory this trial belongs to."""
+        return Path(self.dir).parents[self.id.count("/")]
+
+
+@dataclass
+class TrialResult:
+    """What became of a trial in one invocation of the sweep."""
+
+    id: str
+    status: str
+    """``done`` (trained now), ``skipped`` (finished before), ``failed`` or ``interrupted``."""
+    env_steps: int = 0
+    seconds: float = 0.0
+    """Wall time of the trial in this invocation (start to end, env construction included)."""
+    node: str = ""
+    error: str = ""
+
+
+@dataclass
+class SweepSpec:
+    """A validated spec and its trials."""
+
+    name: str
+    presets: list[str]
+    seeds: list[int]
+    overrides: dict[str, Any] = field(default_factory=dict)
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    cpus: float = 1.0
+    gpus: float = 0.0
+    max_concurrent: int = 0
+    metric: str = ""
+    description: str = ""
+    trials: list[Trial] = field(default_factory=list)
+
+
+# -- the spec ---------------------------------------------------------------------------------
+
+
+def list_specs() -> list[str]:
+    """Names of the shipped specs, e.g. ``paper/mpe``."""
+    return sorted(str(p.relative_to(SPEC_DIR).with_suffix("")) for p in SPEC_DIR.rglob("*.yaml"))
+
+
+def _spec_path(source: str) -> Path:
+    path = Path(source)
+    if path.is_file():
+        return path
+    if source.endswith((".yaml", ".yml")):
+        raise SweepError(f"sweep spec '{source}' does not exist")
+    shipped = SPEC_DIR / f"{source}.yaml"
+    if shipped.is_file():
+        return shipped
+    close = difflib.get_close_matches(source, list_specs(), n=1, cutoff=0.4)
+    hint = f"; did you mean '{close[0]}'?" if close else f" (shipped: {', '.join(list_specs())})"
+    raise SweepError(f"no sweep spec file or shipped spec named '{source}'{hint}")
+
+
+def _label(value: Any) -> str:
+    """A grid value as a folder-name-safe text: ``[64, 64]`` -> ``64_64``."""
+    text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", text).strip("_") or "_"
+
+
+def _need(cond: bool, message: str) -> None:
+    if not cond:
+        raise SweepError(message)
+
+
+def _number(value: Any, key: str, low: float) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    _need(ok and math.isfinite(value) and value >= low, f"'{key}' must be a number >= {low}")
+    return float(value)
+
+
+def load_spec(source: str, sweep_dir: str | Path | None = None) -> SweepSpec:
+    """Read and check a spec (a YAML path or a shipped name such as ``paper/mpe``) and expand
+    its trials; every trial's config is loaded and checked here, before anything runs.
+
+    ``sweep_dir`` defaults to ``sweeps/<name>`` in the current folder."""
+    path = _spec_path(source)
+    data = config_mod._read_yaml(path)
+    for key in data:
+        if key not in _SPEC_KEYS:
+            close = difflib.get_close_matches(str(key), _SPEC_KEYS, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else f" (keys: {', '.join(_SPEC_KEYS)})"
+            raise SweepError(f"unknown sweep spec key '{key}' in '{path}'{hint}")
+    default_name = (
+        str(path.relative_to(SPEC_DIR).with_suffix(""))
+        if path.is_relative_to(SPEC_DIR)
+        else path.stem
+    )
+    name = data.get("name", default_name)
+    _need(
+        isinstance(name, str) and bool(name) and ".." not in name and not name.startswith("/"),
+        f"'name' in '{path}' must be a folder name inside the sweeps folder, got {name!r}",
+    )
+    presets = data.get("presets")
+    if isinstance(presets, str):
+        presets = [presets]
+    _need(
+        isinstance(presets, list) and bool(presets) and all(isinstance(p, str) for p in presets),
+        f"'presets' in '{path}' must be a list of preset names or YAML files, e.g. "
+        "[mpe/simple_spread_fast]",
+    )
+    seeds = data.get("seeds", [1])
+    if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1:
+        seeds = list(range(1, seeds + 1))
+    _need(
+        isinstance(seeds, list)
+        and bool(seeds)
+        and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
+        and len(set(seeds)) == len(seeds),
+        f"'seeds' in '{path}' must be a count (3 means [1, 2, 3]) or a list of distinct "
+        f"non-negative integers, got {seeds!r}",
+    )
+    overrides = data.get("overrides") or {}
+    _need(isinstance(overrides, dict), f"'overrides' in '{path}' must map config keys to values")
+    grid = data.get("grid") or {}
+    _need(
+        isinstance(grid, dict) and all(isinstance(v, list) and v for v in grid.values()),
+        f"'grid' in '{path}' must map config keys to non-empty lists of values, e.g. "
+        "{algo.clip: [0.1, 0.2]}",
+    )
+    both = sorted(set(grid) & set(overrides))
+    _need(not both, f"'{both[0] if both else ''}' is in both 'grid' and 'overrides' of '{path}'")
+    _need("seed" not in grid and "seed" not in overrides, f"give seeds as 'seeds:' in '{path}'")
+    resources = data.get("resources") or {}
+    _need(isinstance(resources, dict), f"'resources' in '{path}' must be {{cpus: N, gpus: N}}")
+    for key in resources:
+        _need(key in _RESOURCE_KEYS, f"unknown resource '{key}' in '{path}' (cpus, gpus)")
+    spec = SweepSpec(
+        name=name,
+        presets=list(presets),
+        seeds=list(seeds),
+        overrides=dict(overrides),
+        grid={k: list(v) for k, v in grid.items()},
+        cpus=_number(resources.get("cpus", 1), "resources.cpus", 0.01),
+        gpus=_number(resources.get("gpus", 0), "resources.gpus", 0.0),
+        description=str(data.get("description", "")),
+    )
+    spec.max_concurrent = int(_number(data.get("max_concurrent", 0), "max_concurrent", 0))
+    spec.metric = str(data.get("metric", "") or "")
+    root = Path(sweep_dir) if sweep_dir is not None else Path("sweeps") / spec.name
+    spec.trials = _expand(spec, root.resolve(), path)
+    return spec
+
+
+def _expand(spec: SweepSpec, root: Path, path: Path) -> list[Trial]:
+    trials = []
+    keys = list(spec.grid)
+    for preset in spec.presets:
+        preset_dir = Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset
+        for values in itertools.product(*(spec.grid[k] for k in keys)):
+            point = dict(zip(keys, values, strict=True))
+            point_dir = ",".join(f"{k}={_label(v)}" for k, v in point.items()) or "default"
+            for seed in spec.seeds:
+                overrides = {**spec.overrides, **point, "seed": seed}
+                # A trial's torch threads follow its CPU share, so that parallel trials do not
+                # oversubscribe the cores (unless the spec sets threads itself).
+                overrides.setdefault("threads", max(1, int(spec.cpus)))
+                overrides.setdefault("progress", False)
+                trial_id = f"{preset_dir}/{point_dir}/seed{seed}"
+                try:
+                    cfg = config_mod.load(preset, overrides)
+                except config_mod.ConfigError as err:
+                    raise SweepError(f"trial {trial_id} of '{path}': {err}") from None
+                if spec.gpus > 0 and not cfg.device.startswith("cuda"):
+                    raise SweepError(
+                        f"'resources.gpus' reserves GPUs but trial {trial_id} trains on "
+                        f"device={cfg.device}; add device: cuda to 'overrides' in '{path}'"
+                    )
+                trials.append(
+                    Trial(trial_id, preset, overrides, str(root / trial_id), cfg.total_env_steps)
+                )
+    return trials
+
+
+# -- one trial --------------------------------------------------------------------------------
+
+
+def trial_state(trial: Trial) -> str:
+    """``finished`` (its summary reached the budget), ``partial`` (a checkpoint to resume
+    from) or ``new``."""
+    d = Path(trial.dir)
+    summary = d / "summary.json"
+    if summary.is_file():
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            if int(json.loads(summary.read_text())["env_steps"]) >= trial.total_env_steps:
+                return "finished"
+    if any((d / "checkpoints").glob("iter_*.pt")):
+        return "partial"
+    return "new"
+
+
+# What a trial that starts afresh clears of an earlier attempt that never reached a checkpoint.
+_LEFTOVERS = ("metrics.csv", "config.yaml", "summary.json", "error.txt")
+
+
+def _clear_leftovers(d: Path) -> None:
+    import shutil
+
+    for name in _LEFTOVERS:
+        (d / name).unlink(missing_ok=True)
+    shutil.rmtree(d / "tensorboard", ignore_errors=True)
+
+
+def node_name() -> str:
+    """The Ray node this process runs on (its id), or the host name outside Ray."""
+    with contextlib.suppress(Exception):
+        import ray
+
+        if ray.is_initialized():
+            return ray.get_runtime_context().get_node_id()
+    return socket.gethostname()
+
+
+def run_trial(trial: Trial) -> TrialResult:
+    """Train, resume or skip one trial, by what its directory holds; never raises for the
+    trial's own failures (they come back as ``failed`` with the error, and ``error.txt``)."""
+    from mappo.trainer import RunInterrupted, resume, train
+
+    start = time.monotonic()
+    d = Path(trial.dir)
+    result = TrialResult(trial.id, "done", node=node_name())
+    if not trial.root.is_dir():
+        result.status = "failed"
+        result.error = (
+            f"the sweep directory is not visible on node {result.node}; put it on a filesystem "
+            "every node of the cluster sees (e.g. NFS) and pass it with --dir"
+        )
+        return result
+    state = trial_state(trial)
+    if state == "finished":
+        result.status = "skipped"
+        result.env_steps = _summary_steps(d)
+        return result
+    try:
+        if state == "partial":
+            run = resume(d, dict(trial.overrides))
+        else:
+            d.mkdir(parents=True, exist_ok=True)
+            _clear_leftovers(d)
+            run = train(config_mod.load(trial.preset, dict(trial.overrides)), run_dir=d)
+        result.env_steps = int(run.summary.get("env_steps", 0))
+        (d / "error.txt").unlink(missing_ok=True)
+    except RunInterrupted as err:
+        result.status, result.env_steps = "interrupted", err.env_steps
+        result.error = str(err)
+    except Exception as err:  # the trial's failure is reported; the sweep goes on
+        result.status = "failed"
+        result.error = f"{type(err).__name__}: " + " ".join(str(err).split())
+        with contextlib.suppress(OSError):
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "error.txt").write_text(traceback.format_exc())
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def _summary_steps(d: Path) -> int:
+    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+        return int(json.loads((d / "summary.json").read_text())["env_steps"])
+    return 0
+
+
+# -- the console table ------------------------------------------------------------------------
+
+
+def _last_row(d: Path) -> dict[str, str]:
+    """The newest row of a trial's metrics.csv (empty if none yet)."""
+    try:
+        with (d / "metrics.csv").open(encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return {}
+    if len(lines) < 2:
+        return {}
+    return dict(zip(lines[0].split(","), lines[-1].split(","), strict=False))
+
+
+class StatusTable:
+    """The trials' status, env steps and latest returns on the console while a sweep runs.
+
+    On a terminal the table is redrawn in place every ``every`` seconds; otherwise (a log file)
+    each status change is one line and the whole table is printed every ``plain_every`` s."""
+
+    def __init__(
+        self, trials: list[Trial], stream: TextIO | None = None, plain_every: float = 60.0
+    ) -> None:
+        self.trials = trials
+        self.status = {t.id: "pending" for t in trials}
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty()
+        self.plain_every = plain_every
+        self._drawn = 0
+        self._last_plain = time.monotonic()
+        self._lock = threading.Lock()
+
+    def set(self, trial_id: str, status: str, note: str = "") -> None:
+        with self._lock:
+            self.status[trial_id] = status
+            if not self.tty:
+                self.stream.write(
+                    f"trial {trial_id}: {status}{' (' + note + ')' if note else ''}\n"
+                )
+                self.stream.flush()
+
+    def render(self) -> str:
+        width = max(len(t.id) for t in self.trials)
+        lines = [f"{'trial':{width}s}  {'status':11s} {'env steps':>13s}  {'return':>9s}  eval"]
+        for t in self.trials:
+            row = _last_row(Path(t.dir)) if self.status[t.id] != "pending" else {}
+            steps = row.get("env_steps", "")
+            ret = row.get("train/episode_return", "")
+            ev = row.get(runs_mod.WIN_RATE) or row.get(runs_mod.RETURN) or ""
+            steps_txt = f"{int(float(steps)):,}/{t.total_env_steps:,}" if steps else ""
+            lines.append(
+                f"{t.id:{width}s}  {self.status[t.id]:11s} {steps_txt:>13s}  "
+                f"{_short(ret):>9s}  {_short(ev)}"
+            )
+        return "\n".join(lines)
+
+    def refresh(self, force: bool = False) -> None:
+        with self._lock:
+            if self.tty:
+                text = self.render()
+                up = f"\x1b[{self._drawn}F" if self._drawn else ""
+                self.stream.write(up + "\n".join(f"{ln}\x1b[K" for ln in text.split("\n")) + "\n")
+                self._drawn = text.count("\n") + 1
+            elif force or time.monotonic() - self._last_plain >= self.plain_every:
+                self._last_plain = time.monotonic()
+                self.stream.write(self.render() + "\n")
+            self.stream.flush()
+
+
+def _short(text: str) -> str:
+    try:
+        return f"{float(text):.2f}"
+    except ValueError:
+        return ""
+
+
+@contextlib.contextmanager
+def _refreshing(table: StatusTable, every: float = 2.0) -> Any:
+    """Refresh ``table`` from a background thread while the body runs (the serial backend
+    trains in the main thread, which keeps the trainer's Ctrl-C handling)."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(every):
+            table.refresh()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+# -- backends ---------------------------------------------------------------------------------
+
+
+class SweepInterrupted(Exception):
+    """Ctrl-C or SIGTERM stopped the sweep; running trials checkpointed where they could."""
+
+
+def _run_serial(trials: list[Trial], table: StatusTable) -> list[TrialResult]:
+    results = []
+    with _refreshing(table):
+        for trial in trials:
+            table.set(trial.id, "running")
+            result = run_trial(trial)
+            table.set(trial.id, result.status, result.error)
+            results.append(result)
+            if result.status == "interrupted":
+                raise SweepInterrupted(result.error)
+    return results
+
+
+def _ray_init(address: str | None) -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise SweepError(
+            "the ray backend needs Ray: pip install 'mappo[ray]', or run with --backend serial"
+        ) from None
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": False,
+        "configure_logging": False,
+    }
+    # "local" starts a fresh instance even where a `ray start` cluster runs on this machine.
+    kwargs["address"] = address or "local"
+    if not address:
+        # Ray starts its workers at nice 15, which starves trials beside any other busy process
+        # on the machine (measured: 3 s of training took 90 s beside two busy processes). A
+        # trial is the sweep's main work, so the embedded instance runs them at normal priority;
+        # on a cluster, start the nodes with RAY_worker_niceness=0 for the same.
+        os.environ.setdefault("RAY_worker_niceness", "0")
+    try:
+        ray.init(**kwargs)
+    except ConnectionError as err:
+        raise SweepError(f"cannot reach a Ray cluster at '{address}': {err}") from None
+    return ray
+
+
+def _run_ray(
+    trials: list[Trial],
+    spec: SweepSpec,
+    table: StatusTable,
+    address: str | None,
+    max_concurrent: int,
+) -> list[TrialResult]:
+    ray = _ray_init(address)
+    try:
+        task = ray.remote(run_trial).options(num_cpus=spec.cpus, num_gpus=spec.gpus, max_retries=0)
+        cluster = ray.cluster_resources()
+        fits = int(cluster.get("CPU", 1) // spec.cpus) if spec.cpus else len(trials)
+        if spec.gpus:
+            fits = min(fits, int(cluster.get("GPU", 0) // spec.gpus))
+        if fits < 1:
+            raise SweepError(
+                f"no node of the Ray cluster has {spec.cpus:g} CPUs and {spec.gpus:g} GPUs for a "
+                f"trial (cluster: {cluster.get('CPU', 0):g} CPUs, {cluster.get('GPU', 0):g} "
+                "GPUs); lower 'resources'"
+            )
+        slots = min(fits, max_concurrent) if max_concurrent else fits
+        pending = list(trials)
+        running: dict[Any, Trial] = {}
+        results: list[TrialResult] = []
+        try:
+            while pending or running:
+                while pending and len(running) < slots:
+                    trial = pending.pop(0)
+                    running[task.remote(trial)] = trial
+                    table.set(trial.id, "running")
+                ready, _ = ray.wait(list(running), num_returns=1, timeout=2.0)
+                for ref in ready:
+                    trial = running.pop(ref)
+                    try:
+                        result = ray.get(ref)
+                    except Exception as err:  # the worker died (killed, out of memory)
+                        first = " ".join(str(err).split())[:300]
+                        result = TrialResult(trial.id, "failed", error=f"worker lost: {first}")
+                    results.append(result)
+                    table.set(trial.id, result.status, result.error)
+                table.refresh()
+        except KeyboardInterrupt:
+            # Ask running trials to checkpoint (SIGINT in the worker) and wait for them briefly.
+            for ref in running:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref)
+            with contextlib.suppress(Exception):
+                ray.wait(list(running), num_returns=len(running), timeout=60)
+            raise SweepInterrupted("interrupted") from None
+        return results
+    finally:
+        ray.shutdown()
+
+
+BACKENDS = ("auto", "ray", "serial")
+
+
+def run_sweep(
+    spec: SweepSpec,
+    backend: str = "auto",
+    address: str | None = None,
+    max_concurrent: int | None = None,
+    stream: TextIO | None = None,
+) -> list[TrialResult]:
+    """Run (or continue) every trial of ``spec``; returns one result per trial and writes
+    ``sweep.json``, ``report.md`` and, where matplotlib is installed, ``curves.png`` into the
+    sweep directory. ``backend="auto"`` is Ray when it is installed, else serial."""
+    if backend not in BACKENDS:
+        raise SweepError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+    if backend == "auto":
+        try:
+            import ray  # noqa: F401
+
+            backend = "ray"
+        except ImportError:
+            backend = "serial"
+    if address and backend != "ray":
+        raise SweepError("--address needs the ray backend (pip install 'mappo[ray]')")
+    root = sweep_root(spec)
+    root.mkdir(parents=True, exist_ok=True)
+    out = stream or sys.stdout
+    table = StatusTable(spec.trials, out)
+    todo = []
+    skipped = []
+    for trial in spec.trials:
+        if trial_state(trial) == "finished":
+            table.status[trial.id] = "skipped"
+            skipped.append(TrialResult(trial.id, "skipped", _summary_steps(Path(trial.dir))))
+        else:
+            todo.append(trial)
+    out.write(
+        f"sweep '{spec.name}' in {root}: {len(spec.trials)} trials, {len(skipped)} finished "
+        f"before, {len(todo)} to run on {backend}\n"
+    )
+    concurrency = spec.max_concurrent if max_concurrent is None else max_concurrent
+    started = time.monotonic()
+    results: list[TrialResult] = []
+    try:
+        if todo:
+            if backend == "ray":
+                results = _run_ray(todo, spec, table, address, concurrency)
+            else:
+                results = _run_serial(todo, table)
+    finally:
+        _write_status(spec, root, skipped + results, time.monotonic() - started, backend)
+    table.refresh(force=True)
+    return skipped + results
+
+
+def sweep_root(spec: SweepSpec) -> Path:
+    """The sweep directory (the common parent of its trials' folders)."""
+    return spec.trials[0].root
+
+
+def _write_status(
+    spec: SweepSpec, root: Path, results: list[TrialResult], seconds: float, backend: str
+) -> None:
+    by_id = {r.id: r for r in results}
+    status = {
+        "name": spec.name,
+        "backend": backend,
+        "seconds": seconds,
+        "trials": [
+            {
+                "id": t.id,
+                "dir": t.dir,
+                **dataclasses.asdict(by_id.get(t.id, TrialResult(t.id, "pending"))),
+            }
+            for t in spec.trials
+        ],
+    }
+    tmp = root / "sweep.json.tmp"
+    tmp.write_text(json.dumps(status, indent=2))
+    tmp.replace(root / "sweep.json")
+
+
+def write_outputs(spec: SweepSpec, stream: TextIO | None = None) -> str | None:
+    """The sweep's ``report.md`` and ``curves.png`` over its finished trials; returns the report
+    text (None when no trial logged anything)."""
+    from mappo.experiments.plot import plot_curves
+    from mappo.experiments.report import format_markdown, report_rows
+
+    root = sweep_root(spec)
+    try:
+        runs = runs_mod.find_runs([root])
+    except runs_mod.ResultsError:
+        return None
+    configs = runs_mod.group_runs(runs)
+    metric = spec.metric or runs_mod.default_metric(runs)
+    text = format_markdown(report_rows(configs, metric))
+    (root / "report.md").write_text(f"# Sweep {spec.name}\n\n{text}\n")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        if stream is not None:
+            stream.write("(no curves.png: pip install 'mappo[plot]' for plots)\n")
+    else:
+        import matplotlib.pyplot as plt
+
+        plt.close(plot_curves(configs, metric, out=root / "curves.png", title=spec.name))
+    return text
+
+
+def cpu_count() -> int:
+    """CPUs this process may use (its affinity where the OS tells)."""
+    with contextlib.suppress(AttributeError):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

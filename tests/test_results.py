@@ -1,0 +1,137 @@
+"""Plots and reports over run directories: statistics against hand computations on synthetic
+``metrics.csv`` files, one line and one band per configuration, the marl-eval export, CLI errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from mappo import config as C
+from mappo.cli import main
+from mappo.experiments import stats
+from mappo.experiments.plot import aggregate, plot_curves
+from mappo.experiments.report import marl_eval, report_rows
+from mappo.experiments.runs import find_runs, group_runs
+
+RETURN = "eval/eval_return_mean"
+
+
+def _fake_run(
+    root: Path,
+    seed: int,
+    evals: list[tuple[int, float]],
+    preset: str = "mpe/simple_spread_fast",
+    **overrides,
+) -> Path:
+    """A run directory as mappo writes one: config.yaml and metrics.csv with evaluation rows
+    (and training rows between them, which have no evaluation)."""
+    cfg = C.load(preset, {"seed": seed, **overrides})
+    d = root / f"{preset}/{'_'.join(f'{k}{v}' for k, v in overrides.items())}/seed{seed}"
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))
+    lines = [f"env_steps,wall_seconds,train/episode_return,{RETURN}"]
+    for step, value in evals:
+        lines.append(f"{step - 50},{step / 100},{value - 1},")
+        lines.append(f"{step},{step / 100},{value - 1},{value}")
+    (d / "metrics.csv").write_text("\n".join(lines) + "\n")
+    return d
+
+
+def test_iqm_and_bootstrap_equal_hand_computations():
+    x = np.array([3.0, -1.0, 7.0, 2.0, 10.0, 4.0, 0.5, 6.0])
+    # n = 8: drop 2 from each end of the sorted values.
+    assert stats.iqm(x) == pytest.approx(np.mean(sorted(x)[2:6]))
+    assert stats.iqm(np.array([1.0, 5.0, 9.0])) == pytest.approx(5.0)  # n < 4: the mean
+    got = stats.bootstrap(x, "iqm", confidence=0.9, samples=500, seed=7)
+    rng = np.random.default_rng(7)
+    draws = rng.integers(0, len(x), size=(500, len(x)))
+    by_hand = []
+    for row in draws:
+        s = sorted(x[i] for i in row)
+        by_hand.append(sum(s[2:6]) / 4)
+    assert got.value == pytest.approx(stats.iqm(x))
+    assert got.low == pytest.approx(np.quantile(by_hand, 0.05))
+    assert got.high == pytest.approx(np.quantile(by_hand, 0.95))
+    assert stats.bootstrap([4.0], "iqm") == (4.0, 4.0, 4.0)
+
+
+def test_report_rows_equal_hand_computations(tmp_path):
+    finals_a = [-150.0, -140.0, -160.0, -120.0]
+    for seed, final in enumerate(finals_a, start=1):
+        _fake_run(tmp_path, seed, [(1000, -200.0), (2000, final + 5), (3000, final)])
+    _fake_run(tmp_path, 1, [(1000, -190.0), (3000, -130.0)], **{"algo.clip": 0.1})
+    configs = group_runs(find_runs([tmp_path]))
+    assert [c.label for c in configs] == [
+        "mpe/simple_spread_fast rmappo algo.clip=0.1",
+        "mpe/simple_spread_fast rmappo algo.clip=0.2",
+    ]
+    rows = report_rows(configs, RETURN, seed=3)
+    a = rows[1]
+    assert a.seeds == 4 and a.env_steps == 3000 and a.wall_seconds == 30
+    assert a.final_mean == pytest.approx(np.mean(finals_a))
+    assert a.best_mean == pytest.approx(np.mean([max(f, f + 5, -200) for f in finals_a]))
+    assert a.final_iqm == pytest.approx(np.mean(sorted(finals_a)[1:3]))
+    expected = stats.bootstrap(finals_a, "iqm", seed=3)
+    assert (a.final_iqm_low, a.final_iqm_high) == (expected.low, expected.high)
+    assert rows[0].seeds == 1 and rows[0].final_iqm == rows[0].final_iqm_low == -130.0
+
+
+def test_plot_has_one_line_and_one_band_per_configuration(tmp_path):
+    for seed in (1, 2, 3):
+        _fake_run(tmp_path, seed, [(1000, -200.0 + seed), (2000, -150.0), (3000, -140.0 + seed)])
+    for seed in (1, 2):
+        _fake_run(tmp_path, seed, [(1000, -190.0), (4000, -120.0)], **{"algo.clip": 0.1})
+    configs = group_runs(find_runs([tmp_path]))
+    fig = plot_curves(configs, RETURN, out=tmp_path / "curves.png")
+    ax = fig.axes[0]
+    assert len(ax.lines) == 2 and len(ax.collections) == 2
+    assert sorted(line.get_label() for line in ax.lines) == [
+        "mpe/simple_spread_fast rmappo algo.clip=0.1 (2 seeds)",
+        "mpe/simple_spread_fast rmappo algo.clip=0.2 (3 seeds)",
+    ]
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+    grid, mean, low, high = aggregate(configs[1], RETURN, points=3)
+    assert list(grid) == [1000, 2000, 3000]
+    assert mean == pytest.approx([-198.0, -150.0, -138.0])
+    assert np.all(low <= mean) and np.all(mean <= high)
+    assert low[1] == high[1] == -150.0  # every seed equal: a zero-width band
+    grid, _, _, _ = aggregate(configs[0], RETURN, x="wall_seconds", points=4)
+    assert list(grid) == [10.0, 20.0, 30.0, 40.0]
+
+
+def test_marl_eval_export_layout(tmp_path):
+    _fake_run(tmp_path, 1, [(1000, -200.0), (2000, -150.0)])
+    _fake_run(tmp_path, 2, [(1000, -180.0), (2000, -140.0)])
+    data = marl_eval(group_runs(find_runs([tmp_path])), RETURN)
+    runs = data["mpe"]["simple_spread"]["mpe/simple_spread_fast rmappo"]
+    assert sorted(runs) == ["seed_1", "seed_2"]
+    assert runs["seed_2"]["step_1"] == {"step_count": 2000, "return": [-140.0]}
+    assert runs["seed_1"]["absolute_metrics"] == {"return": [-150.0]}
+
+
+def test_cli_report_plot_and_their_errors(tmp_path, capsys):
+    _fake_run(tmp_path, 1, [(1000, -200.0), (2000, -150.0)])
+    assert main(["report", str(tmp_path), "--marl-eval", str(tmp_path / "m.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| mpe/simple_spread_fast rmappo | 1 | 0.00M |" in out
+    assert "mpe" in json.loads((tmp_path / "m.json").read_text())
+    assert main(["report", str(tmp_path), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["final_mean"] == -150.0
+    assert (
+        main(["plot", str(tmp_path), "--out", str(tmp_path / "c.svg"), "--x", "wall_seconds"]) == 0
+    )
+    assert (tmp_path / "c.svg").is_file()
+    capsys.readouterr()
+    for argv, message in [
+        (["report", str(tmp_path / "missing")], "does not exist"),
+        (["report", str(tmp_path), "--metric", "eval/nope"], "has no column 'eval/nope'"),
+        (["plot", str(tmp_path), "--out", str(tmp_path / "c.txt")], ".png, .pdf or .svg"),
+        (["report", str(tmp_path / "m.json")], "no run directories"),
+    ]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("mappo: error: ") and "\n" not in err and message in err

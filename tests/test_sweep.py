@@ -1,0 +1,229 @@
+"""Sweeps: specs, trials on local Ray and serially, skipping, resuming after kill -9, failing
+trials, and a two-node Ray cluster on this machine."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mappo import config as C
+from mappo.cli import main
+from mappo.experiments import sweep as S
+from mappo.trainer import train
+
+# A run of a few hundred env steps: 4 envs x 5 steps per update, evaluated every 2 updates.
+TINY_PRESET = """\
+env: {name: mpe/simple_spread, num_envs: 4}
+rollout_length: 5
+total_env_steps: 200
+model: {hidden_sizes: [16], recurrent: none}
+algo: {epochs: 1, num_minibatches: 1}
+eval_interval: 2
+eval_episodes: 2
+log_interval: 1
+checkpoint_interval: 2
+tensorboard: false
+"""
+# Columns that depend on the machine's speed, not on what was learned.
+TIMING = ("wall_seconds", "steps_per_second", "threads", "time/")
+
+
+def _write_spec(tmp: Path, body: str) -> Path:
+    (tmp / "tiny.yaml").write_text(TINY_PRESET)
+    spec = tmp / "spec.yaml"
+    spec.write_text(body.replace("TINY", str(tmp / "tiny.yaml")))
+    return spec
+
+
+def _learned(run_dir: Path) -> list[dict[str, str]]:
+    with (Path(run_dir) / "metrics.csv").open() as f:
+        return [
+            {k: v for k, v in row.items() if not k.startswith(TIMING)} for row in csv.DictReader(f)
+        ]
+
+
+def _summaries(spec: S.SweepSpec) -> list[dict]:
+    return [json.loads((Path(t.dir) / "summary.json").read_text()) for t in spec.trials]
+
+
+def test_spec_expands_the_grid_and_checks_every_trial(tmp_path):
+    path = _write_spec(
+        tmp_path,
+        "presets: [TINY, mpe/simple_spread_fast]\nseeds: 2\n"
+        "grid: {algo.clip: [0.1, 0.2], model.hidden_sizes: [[8], [16, 16]]}\n"
+        "overrides: {total_env_steps: 400}\nresources: {cpus: 2}\n",
+    )
+    spec = S.load_spec(str(path), tmp_path / "sw")
+    assert len(spec.trials) == 2 * 2 * 2 * 2
+    ids = [t.id for t in spec.trials]
+    assert ids[0] == "tiny/algo.clip=0.1,model.hidden_sizes=8/seed1"
+    assert "mpe/simple_spread_fast/algo.clip=0.2,model.hidden_sizes=16_16/seed2" in ids
+    assert len(set(ids)) == len(ids)
+    trial = spec.trials[-1]
+    assert trial.overrides["threads"] == 2 and trial.overrides["progress"] is False
+    assert trial.total_env_steps == 400 and trial.root == (tmp_path / "sw").resolve()
+    cfg = C.load(trial.preset, trial.overrides)
+    assert cfg.algo.clip == 0.2 and cfg.model.hidden_sizes == [16, 16] and cfg.seed == 2
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (
+            "presets: [TINY]\ngrd: {algo.clip: [0.1]}\n",
+            "did you mean 'grid'?",
+        ),
+        ("presets: []\n", "'presets' in"),
+        ("presets: [TINY]\nseeds: [1, 1]\n", "distinct"),
+        ("presets: [TINY]\ngrid: {algo.clip: 0.1}\n", "non-empty lists"),
+        ("presets: [TINY]\ngrid: {algo.clp: [0.1]}\n", "did you mean 'algo.clip'?"),
+        ("presets: [TINY]\noverrides: {algo.clip: -1}\n", "trial tiny/default/seed1"),
+        ("presets: [mpe/simple_sprd]\n", "did you mean"),
+        ("presets: [TINY]\ngrid: {seed: [1, 2]}\n", "seeds:"),
+        ("presets: [TINY]\nresources: {cpus: 1, gpus: 1}\n", "device: cuda"),
+        ("presets: [TINY]\nresources: {cpu: 1}\n", "unknown resource 'cpu'"),
+        ("presets: [TINY\n", "not valid YAML"),
+    ],
+)
+def test_bad_specs_are_one_line_errors(tmp_path, capsys, body, message):
+    spec = _write_spec(tmp_path, body)
+    assert main(["sweep", str(spec), "--dir", str(tmp_path / "sw"), "--backend", "serial"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mappo: error: ") and "\n" not in err
+    assert message in err
+    assert not (tmp_path / "sw").exists()  # nothing written
+
+
+def test_unknown_shipped_spec_names_the_nearest(capsys):
+    assert main(["sweep", "paper/mpee", "--dry-run"]) == 2
+    assert "did you mean 'paper/mpe'?" in capsys.readouterr().err
+
+
+def test_shipped_specs_load(tmp_path):
+    for name in S.list_specs():
+        spec = S.load_spec(name, tmp_path / name)
+        assert spec.trials and len({t.id for t in spec.trials}) == len(spec.trials)
+    assert len(S.load_spec("paper/mpe", tmp_path / "p").trials) == 9 * 3
+
+
+def test_ray_sweep_runs_every_trial_and_a_rerun_skips_them(tmp_path, capsys):
+    pytest.importorskip("ray")
+    spec_path = _write_spec(
+        tmp_path, "presets: [TINY]\nseeds: [1, 2]\ngrid: {algo.clip: [0.1, 0.3]}\n"
+    )
+    argv = ["sweep", str(spec_path), "--dir", str(tmp_path / "sw"), "--backend", "ray"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    spec = S.load_spec(str(spec_path), tmp_path / "sw")
+    assert [s["env_steps"] for s in _summaries(spec)] == [200] * 4
+    status = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    assert status["backend"] == "ray" and [t["status"] for t in status["trials"]] == ["done"] * 4
+    assert (tmp_path / "sw" / "report.md").is_file() and (tmp_path / "sw" / "curves.png").is_file()
+    assert "algo.clip=0.1 | 2 |" in out and "algo.clip=0.3 | 2 |" in out  # report: 2 seeds each
+    # Each trial learned what the same run trained on its own learns.
+    single = train(
+        C.load(spec.trials[3].preset, spec.trials[3].overrides), run_dir=tmp_path / "one"
+    )
+    assert _learned(single.dir) == _learned(Path(spec.trials[3].dir))
+
+    before = {t.id: (Path(t.dir) / "metrics.csv").stat().st_mtime_ns for t in spec.trials}
+    assert main(argv) == 0
+    assert "4 finished before, 0 to run" in capsys.readouterr().out
+    after = {t.id: (Path(t.dir) / "metrics.csv").stat().st_mtime_ns for t in spec.trials}
+    assert after == before
+    status = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    assert [t["status"] for t in status["trials"]] == ["skipped"] * 4
+
+
+def test_a_failing_trial_is_reported_and_the_others_finish(tmp_path, capsys):
+    spec_path = _write_spec(
+        tmp_path, "presets: [TINY]\nseeds: [1]\ngrid: {env.kwargs.num_agents: [2, 0, 3]}\n"
+    )
+    argv = ["sweep", str(spec_path), "--dir", str(tmp_path / "sw"), "--backend", "serial"]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    spec = S.load_spec(str(spec_path), tmp_path / "sw")
+    bad = spec.trials[1]
+    assert "tiny/env.kwargs.num_agents=0/seed1 failed: EnvError" in captured.err
+    assert "1 of 3 trials failed" in captured.err
+    assert "Traceback" in (Path(bad.dir) / "error.txt").read_text()
+    for good in (spec.trials[0], spec.trials[2]):
+        assert json.loads((Path(good.dir) / "summary.json").read_text())["env_steps"] == 200
+    status = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    assert [t["status"] for t in status["trials"]] == ["done", "failed", "done"]
+    assert "EnvError" in status["trials"][1]["error"]
+    # A re-run retries only the failed trial (which fails again, the same way).
+    assert main(argv) == 1
+    assert "2 finished before, 1 to run" in capsys.readouterr().out
+
+
+def test_a_killed_sweep_resumes_from_checkpoints(tmp_path):
+    """kill -9 of a serial sweep mid-trial, then the same command: every trial finishes, and the
+    interrupted one learned exactly what an uninterrupted run learns."""
+    spec_path = _write_spec(
+        tmp_path,
+        "presets: [TINY]\nseeds: [1, 2]\n"
+        "overrides: {total_env_steps: 6000, checkpoint_interval: 5, eval_interval: 10}\n",
+    )
+    sweep_dir = tmp_path / "sw"
+    spec = S.load_spec(str(spec_path), sweep_dir)
+    cmd = [sys.executable, "-m", "mappo.cli", "sweep", str(spec_path), "--dir", str(sweep_dir)]
+    cmd += ["--backend", "serial"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = Path(spec.trials[0].dir)
+    deadline = time.monotonic() + 120
+    while not list((first / "checkpoints").glob("iter_*.pt")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.02)
+    time.sleep(0.3)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (first / "summary.json").exists(), "the trial finished before it was killed"
+    assert S.trial_state(spec.trials[0]) == "partial"
+    assert main(["sweep", str(spec_path), "--dir", str(sweep_dir), "--backend", "serial"]) == 0
+    assert [s["env_steps"] for s in _summaries(spec)] == [6000, 6000]
+    single = train(C.load(spec.trials[0].preset, spec.trials[0].overrides), run_dir=tmp_path / "u")
+    assert _learned(single.dir) == _learned(first)
+
+
+@pytest.fixture
+def two_node_cluster(tmp_path):
+    """A head node and a second node on the loopback address, one CPU each, on this machine."""
+    pytest.importorskip("ray")
+    ray_bin = Path(sys.executable).parent / "ray"
+    if not ray_bin.exists():
+        ray_bin = Path(shutil.which("ray") or "ray")
+    env = {**os.environ, "RAY_worker_niceness": "0", "RAY_AUTH_MODE": "disabled"}
+    port = "6397"
+    common = ["--num-cpus=1", "--disable-usage-stats"]
+    head = [str(ray_bin), "start", "--head", f"--port={port}", "--include-dashboard=false"]
+    second = [str(ray_bin), "start", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1"]
+    try:
+        subprocess.run(head + common, env=env, check=True, capture_output=True, timeout=120)
+        subprocess.run(second + common, env=env, check=True, capture_output=True, timeout=120)
+        yield f"127.0.0.1:{port}", env
+    finally:
+        subprocess.run([str(ray_bin), "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def test_a_sweep_spreads_trials_across_two_ray_nodes(tmp_path, two_node_cluster, monkeypatch):
+    address, env = two_node_cluster
+    monkeypatch.setenv("RAY_AUTH_MODE", env["RAY_AUTH_MODE"])
+    spec_path = _write_spec(
+        tmp_path,
+        "presets: [TINY]\nseeds: [1, 2, 3, 4]\noverrides: {total_env_steps: 2000}\n",
+    )
+    argv = ["sweep", str(spec_path), "--dir", str(tmp_path / "sw"), "--address", address]
+    assert main(argv) == 0
+    status = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    assert [t["status"] for t in status["trials"]] == ["done"] * 4
+    assert len({t["node"] for t in status["trials"]}) == 2
