@@ -117,7 +117,7 @@ def test_cli_report_plot_and_their_errors(tmp_path, capsys):
     _fake_run(tmp_path, 1, [(1000, -200.0), (2000, -150.0)])
     assert main(["report", str(tmp_path), "--marl-eval", str(tmp_path / "m.json")]) == 0
     out = capsys.readouterr().out
-    assert "| mpe/simple_spread_fast rmappo | 1 | 0.00M |" in out
+    assert "| mpe/simple_spread_fast rmappo | 1 | 2k | 20 s | -150.00 |" in out
     assert "mpe" in json.loads((tmp_path / "m.json").read_text())
     assert main(["report", str(tmp_path), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["final_mean"] == -150.0
@@ -128,10 +128,34 @@ def test_cli_report_plot_and_their_errors(tmp_path, capsys):
     capsys.readouterr()
     for argv, message in [
         (["report", str(tmp_path / "missing")], "does not exist"),
-        (["report", str(tmp_path), "--metric", "eval/nope"], "has no column 'eval/nope'"),
+        (["report", str(tmp_path), "--metric", "eval/nope"], "no run logs the column 'eval/nope'"),
+        (["plot", str(tmp_path), "--out", str(tmp_path / "c.png"), "--metric", "x"], "'x'"),
         (["plot", str(tmp_path), "--out", str(tmp_path / "c.txt")], ".png, .pdf or .svg"),
         (["report", str(tmp_path / "m.json")], "no run directories"),
     ]:
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("mappo: error: ") and "\n" not in err and message in err
+
+
+def test_runs_without_values_are_left_out_and_each_task_gets_its_own_metric(tmp_path):
+    """A seed stopped before its first evaluation, and a StarCraft-style run (win rate) beside
+    particle-world runs (return): the report covers what there is, with warnings."""
+    _fake_run(tmp_path, 1, [(1000, -200.0), (2000, -150.0)])
+    _fake_run(tmp_path, 2, [(1000, -180.0), (2000, -130.0)])
+    early = _fake_run(tmp_path, 3, [])
+    smac = _fake_run(tmp_path, 1, [(1000, 0.5)], preset="smac/3m_fast")
+    text = (smac / "metrics.csv").read_text().replace(RETURN, "eval/eval_battle_won")
+    (smac / "metrics.csv").write_text(text)
+    (early / "metrics.csv").write_text(f"env_steps,wall_seconds,{RETURN}\n50,1.0,\n")
+    configs = group_runs(find_runs([tmp_path]))
+    with pytest.warns(UserWarning, match="1 of 3 runs .* have no"):
+        rows = report_rows(configs)
+    by_task = {r.task: r for r in rows}
+    assert by_task["mpe/simple_spread"].seeds == 2
+    assert by_task["mpe/simple_spread"].final_mean == pytest.approx(-140.0)
+    assert by_task["smac/3m"].metric == "eval/eval_battle_won"
+    assert by_task["smac/3m"].final_mean == 0.5
+    with pytest.warns(UserWarning, match="does not log"):
+        fig = plot_curves(configs, RETURN)
+    assert len(fig.axes[0].lines) == 1

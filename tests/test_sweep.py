@@ -92,6 +92,9 @@ def test_spec_expands_the_grid_and_checks_every_trial(tmp_path):
         ("presets: [TINY]\nresources: {cpus: 1, gpus: 1}\n", "device: cuda"),
         ("presets: [TINY]\nresources: {cpu: 1}\n", "unknown resource 'cpu'"),
         ("presets: [TINY\n", "not valid YAML"),
+        ("presets: [TINY, TINY]\n", "would share the folder 'tiny/default/seed1'"),
+        ("presets: [TINY]\ngrid: {algo.clip: [0.1, 0.10]}\n", "would share the folder"),
+        ("presets: [TINY]\ngrid: {name: ['" + "x" * 300 + "']}\n", "too long"),
     ],
 )
 def test_bad_specs_are_one_line_errors(tmp_path, capsys, body, message):
@@ -227,3 +230,98 @@ def test_a_sweep_spreads_trials_across_two_ray_nodes(tmp_path, two_node_cluster,
     status = json.loads((tmp_path / "sw" / "sweep.json").read_text())
     assert [t["status"] for t in status["trials"]] == ["done"] * 4
     assert len({t["node"] for t in status["trials"]}) == 2
+
+
+def test_ctrl_c_stops_a_ray_sweep_with_checkpoints_and_a_rerun_resumes(tmp_path):
+    pytest.importorskip("ray")
+    spec_path = _write_spec(
+        tmp_path,
+        "presets: [TINY]\nseeds: [1]\n"
+        "overrides: {total_env_steps: 16000, checkpoint_interval: 20, eval_interval: 50}\n",
+    )
+    sweep_dir = tmp_path / "sw"
+    spec = S.load_spec(str(spec_path), sweep_dir)
+    cmd = [sys.executable, "-m", "mappo.cli", "sweep", str(spec_path), "--dir", str(sweep_dir)]
+    proc = subprocess.Popen(
+        cmd + ["--backend", "ray"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    trial_dir = Path(spec.trials[0].dir)
+    deadline = time.monotonic() + 180
+    while not list((trial_dir / "checkpoints").glob("iter_*.pt")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "run `mappo sweep" in err and "again to continue" in err
+    status = json.loads((sweep_dir / "sweep.json").read_text())
+    assert status["trials"][0]["status"] == "interrupted"
+    assert S.trial_state(spec.trials[0]) == "partial"  # it checkpointed on the way out
+    assert main(["sweep", str(spec_path), "--dir", str(sweep_dir), "--backend", "serial"]) == 0
+    assert _summaries(spec)[0]["env_steps"] == 16000
+
+
+def test_cli_refuses_bad_addresses_and_counts_in_one_line(tmp_path, capsys):
+    spec = _write_spec(tmp_path, "presets: [TINY]\n")
+    base = ["sweep", str(spec), "--dir", str(tmp_path / "sw")]
+    for extra, message in [
+        (["--backend", "ray", "--address", "not a host"], "must be 'auto' or HOST:PORT"),
+        (["--max-concurrent", "-1"], "must be an integer >= 0, got -1"),
+        (["--backend", "serial", "--address", "auto"], "needs the ray backend"),
+    ]:
+        try:
+            code = main(base + extra)
+        except SystemExit as exit_:  # argparse's own errors exit from the parser
+            code = exit_.code
+        assert code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("mappo: error: ") and "\n" not in err and message in err
+        assert len(err) < 300
+
+
+def test_a_changed_spec_is_refused_and_a_second_sweep_on_one_folder_too(tmp_path, capsys):
+    spec_path = _write_spec(tmp_path, "presets: [TINY]\noverrides: {algo.clip: 0.2}\n")
+    argv = ["sweep", str(spec_path), "--dir", str(tmp_path / "sw"), "--backend", "serial"]
+    assert main(argv) == 0
+    trial_dir = Path(S.load_spec(str(spec_path), tmp_path / "sw").trials[0].dir)
+    before = (trial_dir / "metrics.csv").read_bytes()
+    capsys.readouterr()
+    spec_path.write_text(spec_path.read_text().replace("0.2", "0.3"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "was trained with algo.clip=0.2 but the spec now gives 0.3" in err
+    # A larger budget is not a different configuration: the trial resumes to it.
+    spec_path.write_text(
+        spec_path.read_text().replace("algo.clip: 0.3", "algo.clip: 0.2, total_env_steps: 400")
+    )
+    from mappo.trainer import hold_lock
+
+    with hold_lock((tmp_path / "sw").resolve(), "sweep"):
+        assert main(argv) == 2
+    assert "sweep" in capsys.readouterr().err and (trial_dir / "metrics.csv").read_bytes() == before
+    assert main(argv) == 0
+    assert json.loads((trial_dir / "summary.json").read_text())["env_steps"] == 400
+
+
+def test_a_trial_killed_between_its_last_checkpoint_and_its_summary_counts_as_finished(tmp_path):
+    spec_path = _write_spec(tmp_path, "presets: [TINY]\n")
+    argv = ["sweep", str(spec_path), "--dir", str(tmp_path / "sw"), "--backend", "serial"]
+    assert main(argv) == 0
+    spec = S.load_spec(str(spec_path), tmp_path / "sw")
+    (Path(spec.trials[0].dir) / "summary.json").unlink()
+    assert S.trial_state(spec.trials[0]) == "partial"
+    assert main(argv) == 0
+    assert S.trial_state(spec.trials[0]) == "finished"
+    status = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    assert status["trials"][0]["status"] == "skipped"
+
+
+def test_capacity_is_counted_node_by_node():
+    nodes = [
+        {"Alive": True, "Resources": {"CPU": 1.0}},
+        {"Alive": True, "Resources": {"CPU": 3.0, "GPU": 1.0}},
+        {"Alive": False, "Resources": {"CPU": 8.0}},
+    ]
+    assert S._trials_that_fit(nodes, 1.0, 0.0) == 4
+    assert S._trials_that_fit(nodes, 2.0, 0.0) == 1  # 1 + 3 CPUs do not make a 2-CPU slot twice
+    assert S._trials_that_fit(nodes, 1.0, 0.5) == 2

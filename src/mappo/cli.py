@@ -35,6 +35,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"mappo: error: {message} (see `{self.prog} --help`)\n")
 
 
+def _nonnegative_int(text: str) -> int:
+    """An argparse type: a whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
+    return value
+
+
 def _positive_int(text: str) -> int:
     """An argparse type: a whole number >= 1 (a count of episodes or steps)."""
     try:
@@ -223,19 +234,25 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     try:
         results = run_sweep(spec, args.backend, args.address, args.max_concurrent)
-    except SweepInterrupted:
+    except SweepInterrupted as err:
+        again = " ".join(
+            ["mappo sweep", args.spec]
+            + (["--dir", args.dir] if args.dir else [])
+            + (["--backend", args.backend] if args.backend != "auto" else [])
+            + (["--address", args.address] if args.address else [])
+        )
         print(
-            f"mappo: sweep interrupted; run `mappo sweep {args.spec}` again to continue "
-            "(finished trials are skipped, the others resume from their checkpoints)",
+            f"mappo: sweep interrupted; run `{again}` again to continue (finished trials are "
+            "skipped, the others resume from their checkpoints)",
             file=sys.stderr,
         )
-        return 128 + signal.SIGINT
-    report = write_outputs(spec, sys.stdout)
-    if report:
-        print(report)
+        return 128 + err.signum
     failed = [r for r in results if r.status == "failed"]
     for r in failed:
         print(f"mappo: trial {r.id} failed: {r.error}", file=sys.stderr)
+    report = write_outputs(spec, sys.stdout)
+    if report:
+        print(report)
     if failed:
         print(
             f"mappo: {len(failed)} of {len(results)} trials failed (their error.txt has the "
@@ -246,11 +263,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _results(args: argparse.Namespace) -> tuple[list, str]:
-    from mappo.experiments.runs import default_metric, find_runs, group_runs
+def _results(args: argparse.Namespace) -> tuple[list, list]:
+    from mappo.experiments.runs import find_runs, group_runs
 
     runs = find_runs(args.dirs)
-    return group_runs(runs), args.metric or default_metric(runs)
+    return group_runs(runs), runs
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -258,7 +275,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     if args.out.suffix.lower() not in (".png", ".pdf", ".svg"):
         raise config_mod.ConfigError(f"--out must name a .png, .pdf or .svg file, got '{args.out}'")
-    configs, metric = _results(args)
+    from mappo.experiments.runs import default_metric
+
+    configs, runs = _results(args)
+    metric = args.metric or default_metric(runs)
     plot_curves(configs, metric, args.x, out=args.out, title=args.title)
     print(f"wrote {args.out}: {len(configs)} configurations, metric {metric} against {args.x}")
     return 0
@@ -267,10 +287,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from mappo.experiments.report import FORMATS, marl_eval, report_rows
 
-    configs, metric = _results(args)
-    print(FORMATS[args.format](report_rows(configs, metric)))
+    configs, _ = _results(args)
+    table = FORMATS[args.format](report_rows(configs, args.metric))
+    if args.marl_eval:  # written first: an unwritable path fails before anything is printed
+        args.marl_eval.write_text(json.dumps(marl_eval(configs, args.metric), indent=2))
+    print(table)
     if args.marl_eval:
-        args.marl_eval.write_text(json.dumps(marl_eval(configs, metric), indent=2))
         print(f"wrote {args.marl_eval} (marl-eval raw-data JSON)", file=sys.stderr)
     return 0
 
@@ -330,9 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sw.add_argument(
         "--max-concurrent",
-        type=int,
+        type=_nonnegative_int,
         default=None,
-        choices=range(0, 100000),
         metavar="N",
         help="trials at once (default: the spec's max_concurrent; 0: as resources allow)",
     )
@@ -376,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("config", nargs="?", default="mpe/simple_spread")
     bt.add_argument("overrides", nargs="*")
     bt.add_argument("--iterations", type=_positive_int, default=5)
-    bt.add_argument("--warmup", type=int, default=1, choices=range(0, 1000), metavar="N")
+    bt.add_argument("--warmup", type=_nonnegative_int, default=1, metavar="N")
     bt.add_argument("--json", action="store_true")
     bt.set_defaults(func=cmd_bench_train)
     return p

@@ -360,7 +360,7 @@ def resume(run_dir: str | Path, overrides: list[str] | dict[str, Any] | None = N
     path = Path(run_dir)
     if not path.is_dir():
         raise CheckpointError(f"run directory '{path}' does not exist")
-    with _locked(path):
+    with hold_lock(path):
         newest, ckpt = load_latest(path)
         saved = config_mod.from_dict(ckpt["config"])
         cfg = config_mod.from_dict(ckpt["config"])
@@ -408,16 +408,16 @@ def _check_resumable(saved: TrainConfig, cfg: TrainConfig) -> None:
 
 
 @contextlib.contextmanager
-def _locked(run_dir: Path) -> Iterator[None]:
-    """Hold ``run_dir/.lock`` while a process trains in it: a second process (a resume of a run
-    still training) gets a one-line refusal. The OS releases the lock when the holder exits,
-    killed or not, so a stale lock file never blocks a resume."""
+def hold_lock(folder: Path, what: str = "run") -> Iterator[None]:
+    """Hold ``folder/.lock`` while a process works in it: a second process (a resume of a run
+    still training, a second sweep on the same directory) gets a one-line refusal. The OS
+    releases the lock when the holder exits, killed or not, so a stale lock file never blocks."""
     try:
         import fcntl
     except ImportError:  # Windows: no advisory locks; runs are not guarded there
         yield
         return
-    lock_path = run_dir / ".lock"
+    lock_path = folder / ".lock"
     with open(lock_path, "a+") as f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -425,13 +425,12 @@ def _locked(run_dir: Path) -> Iterator[None]:
             f.seek(0)
             pid = f.read().strip() or "?"
             raise CheckpointError(
-                f"run '{run_dir}' is in use by another mappo process (pid {pid}); wait for it "
-                "to finish or stop it, then resume"
+                f"{what} '{folder}' is in use by another mappo process (pid {pid}); wait for it "
+                "to finish or stop it, then try again"
             ) from None
         except OSError as err:  # a filesystem without locks (some NFS, Lustre): run unguarded
             warnings.warn(
-                f"run '{run_dir}' cannot be locked ({err.strerror}); do not resume it "
-                "twice at once",
+                f"{what} '{folder}' cannot be locked ({err.strerror}); do not run it twice at once",
                 stacklevel=3,
             )
         f.seek(0)
@@ -475,7 +474,7 @@ def _run(trainer: Trainer, resume_step: int | None, locked: bool = False) -> Run
     try:
         with contextlib.ExitStack() as stack:
             if not locked:
-                stack.enter_context(_locked(path))
+                stack.enter_context(hold_lock(path))
             # Read (and check) the metrics of a resumed run before anything is written.
             logger = MetricsLogger(
                 path,

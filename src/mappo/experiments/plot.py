@@ -3,12 +3,13 @@ interval) per configuration, against env steps or wall time (matplotlib, ``mappo
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mappo.experiments.runs import Configuration, ResultsError
+from mappo.experiments.runs import Configuration, ResultsError, check_metric, with_values
 from mappo.experiments.stats import bootstrap_curves
 
 X_AXES = {"env_steps": "env steps", "wall_seconds": "wall time (s)"}
@@ -23,8 +24,7 @@ def aggregate(
     every seed covers (from the latest first point to the earliest last point), so the band at a
     point always averages all seeds; a seed that stopped early shortens the curve.
     """
-    curves = [run.curve(metric, x) for run in conf.runs]
-    curves = [(cx, cy) for cx, cy in curves if cx.size]
+    curves = [run.curve(metric, x) for run in with_values(conf, metric, x)]
     if not curves:
         raise ResultsError(f"'{conf.label}' has no '{metric}' values yet")
     start = max(float(cx[0]) for cx, _ in curves)
@@ -59,10 +59,18 @@ def plot_curves(
     (the format follows its suffix: .png, .pdf, .svg). Returns the matplotlib Figure."""
     if x not in X_AXES:
         raise ResultsError(f"--x must be one of {list(X_AXES)}, got {x!r}")
+    check_metric([r for c in configs for r in c.runs], metric)
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.0, 4.5), dpi=120)
     for conf in configs:
-        grid, mean, low, high = aggregate(conf, metric, x)
+        if not any(metric in r.columns for r in conf.runs):
+            warnings.warn(f"'{conf.label}' does not log '{metric}'; left out", stacklevel=2)
+            continue
+        try:
+            grid, mean, low, high = aggregate(conf, metric, x)
+        except ResultsError as err:  # no seed of it has evaluated yet
+            warnings.warn(f"{err}; left out", stacklevel=2)
+            continue
         (line,) = ax.plot(grid, mean, label=f"{conf.label} ({len(conf.runs)} seeds)")
         ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_xlabel(X_AXES[x])

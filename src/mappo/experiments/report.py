@@ -17,7 +17,14 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mappo.experiments.runs import WIN_RATE, Configuration, RunRecord
+from mappo.experiments.runs import (
+    WIN_RATE,
+    Configuration,
+    RunRecord,
+    check_metric,
+    default_metric,
+    with_values,
+)
 from mappo.experiments.stats import bootstrap
 
 _PAPER_CODE = "the paper's code (marlbenchmark/on-policy at de66d7a), seed 1, on a 2-core CPU"
@@ -58,17 +65,24 @@ def _mean(values: list[float]) -> float:
     return sum(finite) / len(finite) if finite else math.nan
 
 
-def report_rows(configs: list[Configuration], metric: str, seed: int = 0) -> list[ReportRow]:
-    """The report's rows; the bootstrap uses ``seed`` (so a report is reproducible)."""
+def report_rows(
+    configs: list[Configuration], metric: str | None = None, seed: int = 0
+) -> list[ReportRow]:
+    """The report's rows over the runs that logged ``metric`` (default: each configuration's
+    win rate if it logs one, else its greedy return); the bootstrap uses ``seed`` (so a report
+    is reproducible)."""
+    if metric is not None:
+        check_metric([r for c in configs for r in c.runs], metric)
     rows = []
     for conf in configs:
+        name = metric or default_metric(conf.runs)
+        runs = with_values(conf, name)
         finals, bests = [], []
-        for run in conf.runs:
-            _, y = run.curve(metric)
-            finals.append(float(y[-1]) if y.size else math.nan)
-            bests.append(float(y.max()) if y.size else math.nan)
-        scored = [v for v in finals if math.isfinite(v)]
-        interval = bootstrap(scored, "iqm", seed=seed) if scored else None
+        for run in runs:
+            _, y = run.curve(name)
+            finals.append(float(y[-1]))
+            bests.append(float(y.max()))
+        interval = bootstrap(finals, "iqm", seed=seed) if finals else None
         preset = conf.runs[0].config.get("preset") or ""
         paper, source = PAPER.get(str(preset), ("", ""))
         rows.append(
@@ -76,10 +90,10 @@ def report_rows(configs: list[Configuration], metric: str, seed: int = 0) -> lis
                 configuration=conf.label,
                 task=conf.task,
                 algo=conf.runs[0].algo,
-                metric=metric,
-                seeds=len(conf.runs),
-                env_steps=_mean([run.final("env_steps") for run in conf.runs]),
-                wall_seconds=_mean([run.final("wall_seconds") for run in conf.runs]),
+                metric=name,
+                seeds=len(runs),
+                env_steps=_mean([run.final("env_steps") for run in runs]),
+                wall_seconds=_mean([run.final("wall_seconds") for run in runs]),
                 final_mean=_mean(finals),
                 best_mean=_mean(bests),
                 final_iqm=interval.value if interval else math.nan,
@@ -96,6 +110,12 @@ def _num(value: float, digits: int = 2) -> str:
     return "-" if not math.isfinite(value) else f"{value:,.{digits}f}"
 
 
+def _steps(value: float) -> str:
+    if not math.isfinite(value):
+        return "-"
+    return f"{value / 1e6:.2f}M" if value >= 1e6 else f"{value / 1e3:.0f}k"
+
+
 def format_markdown(rows: list[ReportRow]) -> str:
     """A Markdown table with the metric named above it."""
     metrics = sorted({r.metric for r in rows})
@@ -107,11 +127,11 @@ def format_markdown(rows: list[ReportRow]) -> str:
     for r in rows:
         paper = f"{r.paper} ({r.paper_source})" if r.paper else ""
         lines.append(
-            f"| {r.configuration} | {r.seeds} | {r.env_steps / 1e6:.2f}M | "
+            f"| {r.configuration} | {r.seeds} | {_steps(r.env_steps)} | "
             f"{_num(r.wall_seconds, 0)} s | {_num(r.final_mean)} | {_num(r.best_mean)} | "
             f"{_num(r.final_iqm)} [{_num(r.final_iqm_low)}, {_num(r.final_iqm_high)}] | {paper} |"
         )
-    return f"Metric: `{', '.join(metrics)}` (greedy evaluation)\n\n" + head + "\n".join(lines)
+    return f"Metric: `{'`, `'.join(metrics)}` (greedy evaluation)\n\n" + head + "\n".join(lines)
 
 
 def format_csv(rows: list[ReportRow]) -> str:
@@ -129,7 +149,7 @@ def format_json(rows: list[ReportRow]) -> str:
 FORMATS = {"markdown": format_markdown, "csv": format_csv, "json": format_json}
 
 
-def marl_eval(configs: list[Configuration], metric: str) -> dict[str, Any]:
+def marl_eval(configs: list[Configuration], metric: str | None = None) -> dict[str, Any]:
     """The runs in marl-eval's raw-data layout:
     ``{env: {task: {algorithm: {run: {"step_i": {"step_count", metric: [...]},
     "absolute_metrics": {metric: [...]}}}}}}``.
@@ -139,13 +159,14 @@ def marl_eval(configs: list[Configuration], metric: str) -> dict[str, Any]:
     not its episodes, so every list holds that one mean; the metric is ``win_rate`` for battle
     wins and ``return`` otherwise. ``absolute_metrics`` is the final evaluation.
     """
-    name = "win_rate" if metric == WIN_RATE else "return"
     out: dict[str, Any] = {}
     for conf in configs:
+        column = metric or default_metric(conf.runs)
+        name = "win_rate" if column == WIN_RATE else "return"
         env, _, task = conf.task.partition("/")
         algo = out.setdefault(env, {}).setdefault(task or env, {}).setdefault(conf.label, {})
-        for run in conf.runs:
-            algo[_run_name(run, algo)] = _marl_eval_run(run, metric, name)
+        for run in with_values(conf, column):
+            algo[_run_name(run, algo)] = _marl_eval_run(run, column, name)
     return out
 
 

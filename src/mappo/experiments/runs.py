@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from mappo import config as config_mod
 
 # Keys that do not change what a run learns: runs differing only in these are seeds of one
 # configuration. total_env_steps is here so that a seed stopped early or extended still counts.
-_NOT_CONFIGURATION = (
+BOOKKEEPING_KEYS = (
     "seed",
     "run_dir",
     "threads",
@@ -38,6 +39,7 @@ _NOT_CONFIGURATION = (
     "checkpoint_interval",
     "keep_checkpoints",
     "preset",
+    "algo.buffer_in_checkpoints",
 )
 WIN_RATE = "eval/eval_battle_won"
 RETURN = "eval/eval_return_mean"
@@ -140,6 +142,16 @@ def read_run(path: Path) -> RunRecord:
     return RunRecord(path, flat, columns, summary, algo)
 
 
+def last_logged_step(path: Path) -> int | None:
+    """The env step of the last row of ``path/metrics.csv`` (None without a readable row)."""
+    try:
+        with (path / "metrics.csv").open(newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        return int(float(rows[-1]["env_steps"]))
+    except (OSError, UnicodeDecodeError, csv.Error, IndexError, KeyError, TypeError, ValueError):
+        return None
+
+
 def find_runs(paths: list[str | Path]) -> list[RunRecord]:
     """Every run directory under ``paths`` (at any depth; a path may be a run directory itself),
     in sorted order; runs with no logged row yet are left out."""
@@ -177,9 +189,7 @@ def group_runs(runs: list[RunRecord]) -> list[Configuration]:
     groups: dict[tuple, Configuration] = {}
     for run in runs:
         key = tuple(
-            sorted(
-                (k, _value_text(v)) for k, v in run.config.items() if k not in _NOT_CONFIGURATION
-            )
+            sorted((k, _value_text(v)) for k, v in run.config.items() if k not in BOOKKEEPING_KEYS)
         )
         key = (run.source, run.algo, *key)
         groups.setdefault(key, Configuration(label="", key=key)).runs.append(run)
@@ -196,6 +206,28 @@ def group_runs(runs: list[RunRecord]) -> list[Configuration]:
         conf.label = f"{conf.key[0]} {conf.key[1]}" + (f" {extra}" if extra else "")
         conf.runs.sort(key=lambda r: (r.seed, str(r.dir)))
     return sorted(configs, key=lambda c: c.label)
+
+
+def check_metric(runs: list[RunRecord], metric: str) -> None:
+    """Refuse a metric that no run logs, naming the columns they have."""
+    if not any(metric in r.columns for r in runs):
+        columns = sorted({c for r in runs for c in r.columns})
+        raise ResultsError(
+            f"no run logs the column '{metric}'; the runs have: {', '.join(columns)}"
+        )
+
+
+def with_values(conf: Configuration, metric: str, x: str = "env_steps") -> list[RunRecord]:
+    """The runs of ``conf`` with at least one value of ``metric``; the others (stopped before
+    their first evaluation, or of a task that does not log it) are left out with a warning."""
+    kept = [r for r in conf.runs if metric in r.columns and r.curve(metric, x)[0].size]
+    if len(kept) < len(conf.runs):
+        warnings.warn(
+            f"{len(conf.runs) - len(kept)} of {len(conf.runs)} runs of '{conf.label}' have no "
+            f"'{metric}' values yet; left out",
+            stacklevel=2,
+        )
+    return kept
 
 
 def default_metric(runs: list[RunRecord]) -> str:

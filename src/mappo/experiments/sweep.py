@@ -29,11 +29,14 @@ import json
 import math
 import os
 import re
+import signal
 import socket
 import sys
 import threading
 import time
 import traceback
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -222,10 +225,13 @@ def load_spec(source: str, sweep_dir: str | Path | None = None) -> SweepSpec:
 
 
 def _expand(spec: SweepSpec, root: Path, path: Path) -> list[Trial]:
-    trials = []
+    trials: list[Trial] = []
     keys = list(spec.grid)
     for preset in spec.presets:
-        preset_dir = Path(preset).stem if preset.endswith((".yaml", ".yml")) else preset
+        preset_dir = preset
+        if preset.endswith((".yaml", ".yml")) or Path(preset).is_file():
+            # Trials may run in another folder (a Ray worker): keep the file's absolute path.
+            preset_dir, preset = Path(preset).stem, str(Path(preset).resolve())
         for values in itertools.product(*(spec.grid[k] for k in keys)):
             point = dict(zip(keys, values, strict=True))
             point_dir = ",".join(f"{k}={_label(v)}" for k, v in point.items()) or "default"
@@ -236,6 +242,7 @@ def _expand(spec: SweepSpec, root: Path, path: Path) -> list[Trial]:
                 overrides.setdefault("threads", max(1, int(spec.cpus)))
                 overrides.setdefault("progress", False)
                 trial_id = f"{preset_dir}/{point_dir}/seed{seed}"
+                _check_folder(trial_id, trials, path)
                 try:
                     cfg = config_mod.load(preset, overrides)
                 except config_mod.ConfigError as err:
@@ -249,6 +256,44 @@ def _expand(spec: SweepSpec, root: Path, path: Path) -> list[Trial]:
                     Trial(trial_id, preset, overrides, str(root / trial_id), cfg.total_env_steps)
                 )
     return trials
+
+
+def _check_folder(trial_id: str, trials: list[Trial], path: Path) -> None:
+    """Two trials must never share a folder, and folder names must fit the filesystem."""
+    same = next((t for t in trials if t.id == trial_id), None)
+    if same is not None:
+        raise SweepError(
+            f"two trials of '{path}' would share the folder '{trial_id}' (a preset listed twice, "
+            "two YAML presets with one file name, or grid values that print alike); make them "
+            "distinct"
+        )
+    long = next((part for part in trial_id.split("/") if len(part.encode()) > 200), None)
+    if long is not None:
+        raise SweepError(
+            f"the trial folder name '{long[:60]}...' of '{path}' is too long for a filesystem "
+            "(over 200 bytes); sweep fewer or shorter grid values"
+        )
+
+
+def check_unchanged(trial: Trial) -> None:
+    """Refuse to continue a trial whose folder was trained with other settings than the spec
+    now gives (an edited spec or preset): skipping or resuming it would mix configurations.
+    The budget, intervals, threads and other bookkeeping keys may change."""
+    saved_path = Path(trial.dir) / "config.yaml"
+    if not saved_path.is_file():
+        return
+    try:
+        saved = config_mod._flatten(config_mod._read_yaml(saved_path))
+    except config_mod.ConfigError:
+        return  # unreadable: the trial's own resume reports it
+    wanted = config_mod._flatten(config_mod.to_dict(config_mod.load(trial.preset, trial.overrides)))
+    for key in sorted(set(saved) | set(wanted)):
+        if key in runs_mod.BOOKKEEPING_KEYS or saved.get(key) == wanted.get(key):
+            continue
+        raise SweepError(
+            f"trial {trial.id} was trained with {key}={saved.get(key)!r} but the spec now gives "
+            f"{wanted.get(key)!r}; restore the spec, or give the changed sweep a new --dir"
+        )
 
 
 # -- one trial --------------------------------------------------------------------------------
@@ -310,6 +355,10 @@ def run_trial(trial: Trial) -> TrialResult:
         result.status = "skipped"
         result.env_steps = _summary_steps(d)
         return result
+    if state == "partial" and _reached_budget(trial):
+        result.status = "skipped"
+        result.env_steps = _summary_steps(d)
+        return result
     try:
         if state == "partial":
             run = resume(d, dict(trial.overrides))
@@ -330,6 +379,30 @@ def run_trial(trial: Trial) -> TrialResult:
             (d / "error.txt").write_text(traceback.format_exc())
     result.seconds = time.monotonic() - start
     return result
+
+
+def _reached_budget(trial: Trial) -> bool:
+    """Whether a trial without a finished summary already trained its budget (killed between
+    its final checkpoint and its summary, or a spec that lowered ``total_env_steps``); if so,
+    a summary is written from the newest checkpoint so that the trial counts as finished."""
+    from mappo.checkpoint import CheckpointError, load_latest
+
+    d = Path(trial.dir)
+    last = runs_mod.last_logged_step(d)
+    if last is None or last < trial.total_env_steps:
+        return False  # cheap test first: the checkpoint need not be read
+    try:
+        newest, ckpt = load_latest(d)
+    except CheckpointError:
+        return False
+    steps = int(ckpt["progress"]["env_steps"])
+    if steps < trial.total_env_steps:
+        return False
+    summary = {"env_steps": steps, "run_dir": str(d), "from_checkpoint": str(newest)}
+    tmp = d / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(d / "summary.json")
+    return True
 
 
 def _summary_steps(d: Path) -> int:
@@ -416,7 +489,7 @@ def _short(text: str) -> str:
 
 
 @contextlib.contextmanager
-def _refreshing(table: StatusTable, every: float = 2.0) -> Any:
+def _refreshing(table: StatusTable, every: float = 2.0) -> Iterator[None]:
     """Refresh ``table`` from a background thread while the body runs (the serial backend
     trains in the main thread, which keeps the trainer's Ctrl-C handling)."""
     stop = threading.Event()
@@ -440,9 +513,14 @@ def _refreshing(table: StatusTable, every: float = 2.0) -> Any:
 class SweepInterrupted(Exception):
     """Ctrl-C or SIGTERM stopped the sweep; running trials checkpointed where they could."""
 
+    def __init__(self, message: str, signum: int = signal.SIGINT) -> None:
+        super().__init__(message)
+        self.signum = signum
 
-def _run_serial(trials: list[Trial], table: StatusTable) -> list[TrialResult]:
-    results = []
+
+def _run_serial(trials: list[Trial], table: StatusTable, results: list[TrialResult]) -> None:
+    """One trial after another in this process (the trainer handles Ctrl-C and SIGTERM: the
+    trial checkpoints and the sweep stops)."""
     with _refreshing(table):
         for trial in trials:
             table.set(trial.id, "running")
@@ -450,8 +528,8 @@ def _run_serial(trials: list[Trial], table: StatusTable) -> list[TrialResult]:
             table.set(trial.id, result.status, result.error)
             results.append(result)
             if result.status == "interrupted":
-                raise SweepInterrupted(result.error)
-    return results
+                signum = signal.SIGTERM if "SIGTERM" in result.error else signal.SIGINT
+                raise SweepInterrupted(result.error, signum)
 
 
 def _ray_init(address: str | None) -> Any:
@@ -466,6 +544,10 @@ def _ray_init(address: str | None) -> Any:
         "log_to_driver": False,
         "configure_logging": False,
     }
+    if address and address != "auto" and not re.fullmatch(r"(ray://)?[\w.\-]+:\d{1,5}", address):
+        raise SweepError(
+            f"--address must be 'auto' or HOST:PORT (e.g. 10.0.0.5:6379), got {address!r}"
+        )
     # "local" starts a fresh instance even where a `ray start` cluster runs on this machine.
     kwargs["address"] = address or "local"
     if not address:
@@ -476,9 +558,57 @@ def _ray_init(address: str | None) -> Any:
         os.environ.setdefault("RAY_worker_niceness", "0")
     try:
         ray.init(**kwargs)
-    except ConnectionError as err:
-        raise SweepError(f"cannot reach a Ray cluster at '{address}': {err}") from None
+    except (ConnectionError, ValueError, RuntimeError, TimeoutError) as err:
+        first = " ".join(str(err).split())[:200]
+        raise SweepError(f"cannot start or reach Ray at '{address or 'local'}': {first}") from None
     return ray
+
+
+def _collect(ray: Any, ref: Any, trial: Trial) -> TrialResult:
+    try:
+        return ray.get(ref)
+    except Exception as err:  # the worker died (killed, out of memory) or the task was cancelled
+        first = " ".join(str(err).split())[:300]
+        with contextlib.suppress(OSError):
+            Path(trial.dir).mkdir(parents=True, exist_ok=True)
+            (Path(trial.dir) / "error.txt").write_text(f"the Ray worker was lost:\n{err}\n")
+        return TrialResult(trial.id, "failed", error=f"worker lost: {first}")
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, handled as Ctrl-C (but exiting with SIGTERM's status)."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the Ray driver as Ctrl-C does (trials asked to checkpoint first)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _trials_that_fit(nodes: list[dict[str, Any]], cpus: float, gpus: float) -> int:
+    """How many trials of ``cpus`` CPUs and ``gpus`` GPUs the alive nodes hold at once (a trial
+    runs on one node, so capacity is counted node by node)."""
+    total = 0
+    for node in nodes:
+        if not node.get("Alive", False):
+            continue
+        res = node.get("Resources", {})
+        fit = int(res.get("CPU", 0) // cpus) if cpus else 1_000_000
+        if gpus:
+            fit = min(fit, int(res.get("GPU", 0) // gpus))
+        total += fit
+    return total
 
 
 def _run_ray(
@@ -487,25 +617,26 @@ def _run_ray(
     table: StatusTable,
     address: str | None,
     max_concurrent: int,
-) -> list[TrialResult]:
+    results: list[TrialResult],
+) -> None:
+    """Each trial a Ray task with the spec's resources, at most as many at once as fit."""
     ray = _ray_init(address)
+    running: dict[Any, Trial] = {}
     try:
-        task = ray.remote(run_trial).options(num_cpus=spec.cpus, num_gpus=spec.gpus, max_retries=0)
-        cluster = ray.cluster_resources()
-        fits = int(cluster.get("CPU", 1) // spec.cpus) if spec.cpus else len(trials)
-        if spec.gpus:
-            fits = min(fits, int(cluster.get("GPU", 0) // spec.gpus))
-        if fits < 1:
-            raise SweepError(
-                f"no node of the Ray cluster has {spec.cpus:g} CPUs and {spec.gpus:g} GPUs for a "
-                f"trial (cluster: {cluster.get('CPU', 0):g} CPUs, {cluster.get('GPU', 0):g} "
-                "GPUs); lower 'resources'"
+        with _sigterm_as_interrupt():
+            task = ray.remote(run_trial).options(
+                num_cpus=spec.cpus, num_gpus=spec.gpus, max_retries=0
             )
-        slots = min(fits, max_concurrent) if max_concurrent else fits
-        pending = list(trials)
-        running: dict[Any, Trial] = {}
-        results: list[TrialResult] = []
-        try:
+            cluster = ray.cluster_resources()
+            fits = _trials_that_fit(ray.nodes(), spec.cpus, spec.gpus)
+            if fits < 1:
+                raise SweepError(
+                    f"the Ray cluster has no room for a trial's {spec.cpus:g} CPUs and "
+                    f"{spec.gpus:g} GPUs (it has {cluster.get('CPU', 0):g} CPUs, "
+                    f"{cluster.get('GPU', 0):g} GPUs); lower 'resources' in the spec"
+                )
+            slots = min(fits, max_concurrent) if max_concurrent else fits
+            pending = list(trials)
             while pending or running:
                 while pending and len(running) < slots:
                     trial = pending.pop(0)
@@ -513,24 +644,25 @@ def _run_ray(
                     table.set(trial.id, "running")
                 ready, _ = ray.wait(list(running), num_returns=1, timeout=2.0)
                 for ref in ready:
-                    trial = running.pop(ref)
-                    try:
-                        result = ray.get(ref)
-                    except Exception as err:  # the worker died (killed, out of memory)
-                        first = " ".join(str(err).split())[:300]
-                        result = TrialResult(trial.id, "failed", error=f"worker lost: {first}")
+                    result = _collect(ray, ref, running.pop(ref))
                     results.append(result)
-                    table.set(trial.id, result.status, result.error)
+                    table.set(result.id, result.status, result.error)
                 table.refresh()
-        except KeyboardInterrupt:
-            # Ask running trials to checkpoint (SIGINT in the worker) and wait for them briefly.
-            for ref in running:
-                with contextlib.suppress(Exception):
-                    ray.cancel(ref)
+    except KeyboardInterrupt as err:
+        # Cancelling a running task raises KeyboardInterrupt in its worker, which the trainer
+        # takes as Ctrl-C: it finishes its update and checkpoints. Wait for that, briefly.
+        for ref in running:
             with contextlib.suppress(Exception):
-                ray.wait(list(running), num_returns=len(running), timeout=60)
-            raise SweepInterrupted("interrupted") from None
-        return results
+                ray.cancel(ref)
+        with contextlib.suppress(Exception, KeyboardInterrupt):
+            ray.wait(list(running), num_returns=len(running), timeout=60)
+        for ref, trial in running.items():
+            result = _collect(ray, ref, trial)
+            if result.status == "failed" and "worker lost" in result.error:
+                result.status = "interrupted"
+            results.append(result)
+        signum = signal.SIGTERM if isinstance(err, _Terminated) else signal.SIGINT
+        raise SweepInterrupted("interrupted", signum) from None
     finally:
         ray.shutdown()
 
@@ -559,8 +691,33 @@ def run_sweep(
             backend = "serial"
     if address and backend != "ray":
         raise SweepError("--address needs the ray backend (pip install 'mappo[ray]')")
+    if backend == "ray" and spec.gpus == 0:
+        on_gpu = next(
+            (t for t in spec.trials if "cuda" in str(t.overrides.get("device", ""))), None
+        )
+        if on_gpu is not None:
+            raise SweepError(
+                f"trial {on_gpu.id} trains on a GPU but 'resources.gpus' is 0, and Ray hides the "
+                "GPUs from tasks that ask for none; set resources: {gpus: 1} (or 0.5, ...)"
+            )
+    for trial in spec.trials:
+        check_unchanged(trial)
+    from mappo.trainer import hold_lock
+
     root = sweep_root(spec)
     root.mkdir(parents=True, exist_ok=True)
+    with hold_lock(root, "sweep"):
+        return _run_locked(spec, root, backend, address, max_concurrent, stream)
+
+
+def _run_locked(
+    spec: SweepSpec,
+    root: Path,
+    backend: str,
+    address: str | None,
+    max_concurrent: int | None,
+    stream: TextIO | None,
+) -> list[TrialResult]:
     out = stream or sys.stdout
     table = StatusTable(spec.trials, out)
     todo = []
@@ -579,11 +736,10 @@ def run_sweep(
     started = time.monotonic()
     results: list[TrialResult] = []
     try:
-        if todo:
-            if backend == "ray":
-                results = _run_ray(todo, spec, table, address, concurrency)
-            else:
-                results = _run_serial(todo, table)
+        if todo and backend == "ray":
+            _run_ray(todo, spec, table, address, concurrency, results)
+        elif todo:
+            _run_serial(todo, table, results)
     finally:
         _write_status(spec, root, skipped + results, time.monotonic() - started, backend)
     table.refresh(force=True)
@@ -618,29 +774,32 @@ def _write_status(
 
 
 def write_outputs(spec: SweepSpec, stream: TextIO | None = None) -> str | None:
-    """The sweep's ``report.md`` and ``curves.png`` over its finished trials; returns the report
-    text (None when no trial logged anything)."""
+    """The sweep's ``report.md`` and ``curves.png`` over its trials that logged evaluations;
+    returns the report text (None when there is nothing to report yet). A metric no trial
+    logs is a warning here, not an error: the trials' results are on disk either way."""
     from mappo.experiments.plot import plot_curves
     from mappo.experiments.report import format_markdown, report_rows
 
     root = sweep_root(spec)
     try:
         runs = runs_mod.find_runs([root])
-    except runs_mod.ResultsError:
+        configs = runs_mod.group_runs(runs)
+        text = format_markdown(report_rows(configs, spec.metric or None))
+    except runs_mod.ResultsError as err:
+        warnings.warn(f"no report for sweep '{spec.name}': {err}", stacklevel=2)
         return None
-    configs = runs_mod.group_runs(runs)
-    metric = spec.metric or runs_mod.default_metric(runs)
-    text = format_markdown(report_rows(configs, metric))
     (root / "report.md").write_text(f"# Sweep {spec.name}\n\n{text}\n")
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib.pyplot as plt
     except ImportError:
         if stream is not None:
             stream.write("(no curves.png: pip install 'mappo[plot]' for plots)\n")
-    else:
-        import matplotlib.pyplot as plt
-
+        return text
+    try:
+        metric = spec.metric or runs_mod.default_metric(runs)
         plt.close(plot_curves(configs, metric, out=root / "curves.png", title=spec.name))
+    except runs_mod.ResultsError as err:
+        warnings.warn(f"no curves.png for sweep '{spec.name}': {err}", stacklevel=2)
     return text
 
 
