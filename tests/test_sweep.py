@@ -51,6 +51,14 @@ def _learned(run_dir: Path) -> list[dict[str, str]]:
         ]
 
 
+def _wait_for_checkpoint(proc: subprocess.Popen, trial_dir: Path, timeout: float = 180) -> None:
+    """Poll (every 20 ms) until the running sweep ``proc`` wrote a checkpoint in ``trial_dir``."""
+    deadline = time.monotonic() + timeout
+    while not list((trial_dir / "checkpoints").glob("iter_*.pt")):
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.02)
+
+
 def _summaries(spec: S.SweepSpec) -> list[dict]:
     return [json.loads((Path(t.dir) / "summary.json").read_text()) for t in spec.trials]
 
@@ -183,10 +191,7 @@ def test_a_killed_sweep_resumes_from_checkpoints(tmp_path):
     cmd += ["--backend", "serial"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = Path(spec.trials[0].dir)
-    deadline = time.monotonic() + 120
-    while not list((first / "checkpoints").glob("iter_*.pt")):
-        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.02)
+    _wait_for_checkpoint(proc, first)
     time.sleep(0.3)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -245,11 +250,7 @@ def test_ctrl_c_stops_a_ray_sweep_with_checkpoints_and_a_rerun_resumes(tmp_path)
     proc = subprocess.Popen(
         cmd + ["--backend", "ray"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
-    trial_dir = Path(spec.trials[0].dir)
-    deadline = time.monotonic() + 180
-    while not list((trial_dir / "checkpoints").glob("iter_*.pt")):
-        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
+    _wait_for_checkpoint(proc, Path(spec.trials[0].dir))
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from mappo import config as config_mod
@@ -35,26 +36,23 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"mappo: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _nonnegative_int(text: str) -> int:
-    """An argparse type: a whole number >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
-    return value
+def _int_at_least(low: int, what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``low``, refused as ``must be <what>``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
+        return value
+
+    return parse
 
 
-def _positive_int(text: str) -> int:
-    """An argparse type: a whole number >= 1 (a count of episodes or steps)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
+_positive_int = _int_at_least(1, "a positive integer")  # a count of episodes or steps
+_nonnegative_int = _int_at_least(0, "an integer >= 0")
 
 
 def _print_summary(summary: dict) -> None:
