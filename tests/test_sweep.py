@@ -4,6 +4,7 @@ trials, and a two-node Ray cluster on this machine."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import shutil
@@ -326,3 +327,27 @@ def test_capacity_is_counted_node_by_node():
     assert S._trials_that_fit(nodes, 1.0, 0.0) == 4
     assert S._trials_that_fit(nodes, 2.0, 0.0) == 1  # 1 + 3 CPUs do not make a 2-CPU slot twice
     assert S._trials_that_fit(nodes, 1.0, 0.5) == 2
+
+
+def test_status_table_shows_steps_returns_and_evaluations(tmp_path):
+    spec = S.load_spec(str(_write_spec(tmp_path, "presets: [TINY]\nseeds: [1, 2]\n")), tmp_path)
+    first = Path(spec.trials[0].dir)
+    first.mkdir(parents=True)
+    (first / "metrics.csv").write_text(
+        "env_steps,train/episode_return,eval/eval_return_mean\n20,-180.5,\n40,-170.25,-150.125\n"
+    )
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    table = S.StatusTable(spec.trials, out)
+    table.set(spec.trials[0].id, "running")
+    table.refresh()
+    table.refresh()
+    lines = out.getvalue().split("\n")
+    assert "tiny/default/seed1  running" in lines[1] and "40/200" in lines[1]
+    assert "-170.25" in lines[1] and "-150.12" in lines[1]
+    assert "tiny/default/seed2  pending" in lines[2]
+    assert "\x1b[3F" in out.getvalue()  # the second refresh redraws the 3 lines in place
