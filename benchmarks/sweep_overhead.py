@@ -13,7 +13,7 @@ backend with one CPU each (2 at a time on a 2-core machine). Two ideals are repo
   workers, scheduling, reading back), without the slow-down of two trials sharing the memory
   bus.
 
-    python benchmarks/sweep_overhead.py                     # about 6 minutes on a 2-core CPU
+    python benchmarks/sweep_overhead.py --steps 450000      # about 7 minutes on a 2-core CPU
     python benchmarks/sweep_overhead.py --backend serial --slots 1
 """
 
