@@ -23,10 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
-import itertools
 import json
-import math
 import os
 import re
 import signal
@@ -37,48 +34,20 @@ import time
 import traceback
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from mappo import config as config_mod
 from mappo.experiments import runs as runs_mod
-
-SPEC_DIR = Path(__file__).parent / "specs"
-_SPEC_KEYS = (
-    "name",
-    "description",
-    "presets",
-    "seeds",
-    "overrides",
-    "grid",
-    "resources",
-    "max_concurrent",
-    "metric",
+from mappo.experiments.spec import (  # noqa: F401  (the spec's names, for users of this module)
+    SweepError,
+    SweepSpec,
+    Trial,
+    check_unchanged,
+    list_specs,
+    load_spec,
 )
-_RESOURCE_KEYS = ("cpus", "gpus")
-
-
-class SweepError(config_mod.ConfigError):
-    """A spec or sweep directory that cannot be run; the message names the fix (CLI exit 2)."""
-
-
-@dataclass(frozen=True)
-class Trial:
-    """One run of a sweep: a preset, its overrides (grid point and seed included) and where."""
-
-    id: str
-    """``<preset>/<grid point>/seed<k>``: also the trial's folder inside the sweep directory."""
-    preset: str
-    overrides: dict[str, Any]
-    dir: str
-    """Absolute path of the trial's run directory."""
-    total_env_steps: int
-
-    @property
-    def root(self) -> Path:
-        """The sweep directory this trial belongs to."""
-        return Path(self.dir).parents[self.id.count("/")]
 
 
 @dataclass
@@ -93,207 +62,6 @@ class TrialResult:
     """Wall time of the trial in this invocation (start to end, env construction included)."""
     node: str = ""
     error: str = ""
-
-
-@dataclass
-class SweepSpec:
-    """A validated spec and its trials."""
-
-    name: str
-    presets: list[str]
-    seeds: list[int]
-    overrides: dict[str, Any] = field(default_factory=dict)
-    grid: dict[str, list[Any]] = field(default_factory=dict)
-    cpus: float = 1.0
-    gpus: float = 0.0
-    max_concurrent: int = 0
-    metric: str = ""
-    description: str = ""
-    trials: list[Trial] = field(default_factory=list)
-
-
-# -- the spec ---------------------------------------------------------------------------------
-
-
-def list_specs() -> list[str]:
-    """Names of the shipped specs, e.g. ``paper/mpe``."""
-    return sorted(str(p.relative_to(SPEC_DIR).with_suffix("")) for p in SPEC_DIR.rglob("*.yaml"))
-
-
-def _spec_path(source: str) -> Path:
-    path = Path(source)
-    if path.is_file():
-        return path
-    if source.endswith((".yaml", ".yml")):
-        raise SweepError(f"sweep spec '{source}' does not exist")
-    shipped = SPEC_DIR / f"{source}.yaml"
-    if shipped.is_file():
-        return shipped
-    close = difflib.get_close_matches(source, list_specs(), n=1, cutoff=0.4)
-    hint = f"; did you mean '{close[0]}'?" if close else f" (shipped: {', '.join(list_specs())})"
-    raise SweepError(f"no sweep spec file or shipped spec named '{source}'{hint}")
-
-
-def _label(value: Any) -> str:
-    """A grid value as a folder-name-safe text: ``[64, 64]`` -> ``64_64``."""
-    text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
-    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", text).strip("_") or "_"
-
-
-def _need(cond: bool, message: str) -> None:
-    if not cond:
-        raise SweepError(message)
-
-
-def _number(value: Any, key: str, low: float) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    _need(ok and math.isfinite(value) and value >= low, f"'{key}' must be a number >= {low}")
-    return float(value)
-
-
-def load_spec(source: str, sweep_dir: str | Path | None = None) -> SweepSpec:
-    """Read and check a spec (a YAML path or a shipped name such as ``paper/mpe``) and expand
-    its trials; every trial's config is loaded and checked here, before anything runs.
-
-    ``sweep_dir`` defaults to ``sweeps/<name>`` in the current folder."""
-    path = _spec_path(source)
-    data = config_mod._read_yaml(path)
-    for key in data:
-        if key not in _SPEC_KEYS:
-            close = difflib.get_close_matches(str(key), _SPEC_KEYS, n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else f" (keys: {', '.join(_SPEC_KEYS)})"
-            raise SweepError(f"unknown sweep spec key '{key}' in '{path}'{hint}")
-    default_name = (
-        str(path.relative_to(SPEC_DIR).with_suffix(""))
-        if path.is_relative_to(SPEC_DIR)
-        else path.stem
-    )
-    name = data.get("name", default_name)
-    _need(
-        isinstance(name, str) and bool(name) and ".." not in name and not name.startswith("/"),
-        f"'name' in '{path}' must be a folder name inside the sweeps folder, got {name!r}",
-    )
-    presets = data.get("presets")
-    if isinstance(presets, str):
-        presets = [presets]
-    _need(
-        isinstance(presets, list) and bool(presets) and all(isinstance(p, str) for p in presets),
-        f"'presets' in '{path}' must be a list of preset names or YAML files, e.g. "
-        "[mpe/simple_spread_fast]",
-    )
-    seeds = data.get("seeds", [1])
-    if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1:
-        seeds = list(range(1, seeds + 1))
-    _need(
-        isinstance(seeds, list)
-        and bool(seeds)
-        and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
-        and len(set(seeds)) == len(seeds),
-        f"'seeds' in '{path}' must be a count (3 means [1, 2, 3]) or a list of distinct "
-        f"non-negative integers, got {seeds!r}",
-    )
-    overrides = data.get("overrides") or {}
-    _need(isinstance(overrides, dict), f"'overrides' in '{path}' must map config keys to values")
-    grid = data.get("grid") or {}
-    _need(
-        isinstance(grid, dict) and all(isinstance(v, list) and v for v in grid.values()),
-        f"'grid' in '{path}' must map config keys to non-empty lists of values, e.g. "
-        "{algo.clip: [0.1, 0.2]}",
-    )
-    both = sorted(set(grid) & set(overrides))
-    _need(not both, f"'{both[0] if both else ''}' is in both 'grid' and 'overrides' of '{path}'")
-    _need("seed" not in grid and "seed" not in overrides, f"give seeds as 'seeds:' in '{path}'")
-    resources = data.get("resources") or {}
-    _need(isinstance(resources, dict), f"'resources' in '{path}' must be {{cpus: N, gpus: N}}")
-    for key in resources:
-        _need(key in _RESOURCE_KEYS, f"unknown resource '{key}' in '{path}' (cpus, gpus)")
-    spec = SweepSpec(
-        name=name,
-        presets=list(presets),
-        seeds=list(seeds),
-        overrides=dict(overrides),
-        grid={k: list(v) for k, v in grid.items()},
-        cpus=_number(resources.get("cpus", 1), "resources.cpus", 0.01),
-        gpus=_number(resources.get("gpus", 0), "resources.gpus", 0.0),
-        description=str(data.get("description", "")),
-    )
-    spec.max_concurrent = int(_number(data.get("max_concurrent", 0), "max_concurrent", 0))
-    spec.metric = str(data.get("metric", "") or "")
-    root = Path(sweep_dir) if sweep_dir is not None else Path("sweeps") / spec.name
-    spec.trials = _expand(spec, root.resolve(), path)
-    return spec
-
-
-def _expand(spec: SweepSpec, root: Path, path: Path) -> list[Trial]:
-    trials: list[Trial] = []
-    keys = list(spec.grid)
-    for preset in spec.presets:
-        preset_dir = preset
-        if preset.endswith((".yaml", ".yml")) or Path(preset).is_file():
-            # Trials may run in another folder (a Ray worker): keep the file's absolute path.
-            preset_dir, preset = Path(preset).stem, str(Path(preset).resolve())
-        for values in itertools.product(*(spec.grid[k] for k in keys)):
-            point = dict(zip(keys, values, strict=True))
-            point_dir = ",".join(f"{k}={_label(v)}" for k, v in point.items()) or "default"
-            for seed in spec.seeds:
-                overrides = {**spec.overrides, **point, "seed": seed}
-                # A trial's torch threads follow its CPU share, so that parallel trials do not
-                # oversubscribe the cores (unless the spec sets threads itself).
-                overrides.setdefault("threads", max(1, int(spec.cpus)))
-                overrides.setdefault("progress", False)
-                trial_id = f"{preset_dir}/{point_dir}/seed{seed}"
-                _check_folder(trial_id, trials, path)
-                try:
-                    cfg = config_mod.load(preset, overrides)
-                except config_mod.ConfigError as err:
-                    raise SweepError(f"trial {trial_id} of '{path}': {err}") from None
-                if spec.gpus > 0 and not cfg.device.startswith("cuda"):
-                    raise SweepError(
-                        f"'resources.gpus' reserves GPUs but trial {trial_id} trains on "
-                        f"device={cfg.device}; add device: cuda to 'overrides' in '{path}'"
-                    )
-                trials.append(
-                    Trial(trial_id, preset, overrides, str(root / trial_id), cfg.total_env_steps)
-                )
-    return trials
-
-
-def _check_folder(trial_id: str, trials: list[Trial], path: Path) -> None:
-    """Two trials must never share a folder, and folder names must fit the filesystem."""
-    same = next((t for t in trials if t.id == trial_id), None)
-    if same is not None:
-        raise SweepError(
-            f"two trials of '{path}' would share the folder '{trial_id}' (a preset listed twice, "
-            "two YAML presets with one file name, or grid values that print alike); make them "
-            "distinct"
-        )
-    long = next((part for part in trial_id.split("/") if len(part.encode()) > 200), None)
-    if long is not None:
-        raise SweepError(
-            f"the trial folder name '{long[:60]}...' of '{path}' is too long for a filesystem "
-            "(over 200 bytes); sweep fewer or shorter grid values"
-        )
-
-
-def check_unchanged(trial: Trial) -> None:
-    """Refuse to continue a trial whose folder was trained with other settings than the spec
-    now gives (an edited spec or preset): skipping or resuming it would mix configurations.
-    The budget, intervals, threads and other bookkeeping keys may change."""
-    saved_path = Path(trial.dir) / "config.yaml"
-    if not saved_path.is_file():
-        return
-    try:
-        saved = config_mod._flatten(config_mod._read_yaml(saved_path))
-    except config_mod.ConfigError:
-        return  # unreadable: the trial's own resume reports it
-    wanted = config_mod._flatten(config_mod.to_dict(config_mod.load(trial.preset, trial.overrides)))
-    for key in sorted(set(saved) | set(wanted)):
-        if key in runs_mod.BOOKKEEPING_KEYS or saved.get(key) == wanted.get(key):
-            continue
-        raise SweepError(
-            f"trial {trial.id} was trained with {key}={saved.get(key)!r} but the spec now gives "
-            f"{wanted.get(key)!r}; restore the spec, or give the changed sweep a new --dir"
-        )
 
 
 # -- one trial --------------------------------------------------------------------------------
@@ -801,10 +569,3 @@ def write_outputs(spec: SweepSpec, stream: TextIO | None = None) -> str | None:
     except runs_mod.ResultsError as err:
         warnings.warn(f"no curves.png for sweep '{spec.name}': {err}", stacklevel=2)
     return text
-
-
-def cpu_count() -> int:
-    """CPUs this process may use (its affinity where the OS tells)."""
-    with contextlib.suppress(AttributeError):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
