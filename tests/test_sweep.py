@@ -206,22 +206,54 @@ def test_a_killed_sweep_resumes_from_checkpoints(tmp_path):
 
 @pytest.fixture
 def two_node_cluster(tmp_path):
-    """A head node and a second node on the loopback address, one CPU each, on this machine."""
+    """A head node and a second node on the loopback address, one CPU each, on this machine.
+
+    Each node is a ``ray start --block`` process, which takes its node's processes down when it
+    is stopped: tearing down never touches other Ray instances on the machine (``ray stop``
+    would stop every one, a running sweep's included)."""
     pytest.importorskip("ray")
     ray_bin = Path(sys.executable).parent / "ray"
     if not ray_bin.exists():
         ray_bin = Path(shutil.which("ray") or "ray")
     env = {**os.environ, "RAY_worker_niceness": "0", "RAY_AUTH_MODE": "disabled"}
     port = "6397"
-    common = ["--num-cpus=1", "--disable-usage-stats"]
+    common = ["--num-cpus=1", "--disable-usage-stats", "--block"]
     head = [str(ray_bin), "start", "--head", f"--port={port}", "--include-dashboard=false"]
     second = [str(ray_bin), "start", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1"]
+    nodes = []
     try:
-        subprocess.run(head + common, env=env, check=True, capture_output=True, timeout=120)
-        subprocess.run(second + common, env=env, check=True, capture_output=True, timeout=120)
+        for argv in (head, second):
+            nodes.append(
+                subprocess.Popen(
+                    argv + common, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
+            )
+            _wait_for_nodes(f"127.0.0.1:{port}", len(nodes), env)
         yield f"127.0.0.1:{port}", env
     finally:
-        subprocess.run([str(ray_bin), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        for node in reversed(nodes):
+            node.send_signal(signal.SIGTERM)
+            try:
+                node.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                node.kill()
+
+
+def _wait_for_nodes(address: str, count: int, env: dict[str, str], timeout: float = 120) -> None:
+    """Wait until the cluster at ``address`` reports ``count`` alive nodes."""
+    probe = (
+        f"import ray; ray.init(address={address!r}, log_to_driver=False); "
+        "print(sum(n['Alive'] for n in ray.nodes()))"
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(
+            [sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120
+        )
+        if out.returncode == 0 and out.stdout.strip().splitlines()[-1:] == [str(count)]:
+            return
+        time.sleep(1)
+    raise AssertionError(f"the Ray cluster at {address} did not reach {count} nodes")
 
 
 def test_a_sweep_spreads_trials_across_two_ray_nodes(tmp_path, two_node_cluster, monkeypatch):
