@@ -52,6 +52,18 @@ def _learned(run_dir: Path) -> list[dict[str, str]]:
         ]
 
 
+def _start_sweep(tmp: Path, body: str, backend: str) -> tuple[Path, S.SweepSpec, subprocess.Popen]:
+    """``mappo sweep`` of the tiny preset (``body`` adds seeds and overrides) in a child process
+    writing to ``tmp/sw``, with stderr captured; returns the spec file, the spec and the process."""
+    spec_path = _write_spec(tmp, "presets: [TINY]\n" + body)
+    spec = S.load_spec(str(spec_path), tmp / "sw")
+    cmd = [sys.executable, "-m", "mappo.cli", "sweep", str(spec_path), "--dir", str(tmp / "sw")]
+    proc = subprocess.Popen(
+        cmd + ["--backend", backend], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    return spec_path, spec, proc
+
+
 def _wait_for_checkpoint(proc: subprocess.Popen, trial_dir: Path, timeout: float = 180) -> None:
     """Poll (every 20 ms) until the running sweep ``proc`` wrote a checkpoint in ``trial_dir``."""
     deadline = time.monotonic() + timeout
@@ -181,16 +193,13 @@ def test_a_failing_trial_is_reported_and_the_others_finish(tmp_path, capsys):
 def test_a_killed_sweep_resumes_from_checkpoints(tmp_path):
     """kill -9 of a serial sweep mid-trial, then the same command: every trial finishes, and the
     interrupted one learned exactly what an uninterrupted run learns."""
-    spec_path = _write_spec(
+    spec_path, spec, proc = _start_sweep(
         tmp_path,
-        "presets: [TINY]\nseeds: [1, 2]\n"
+        "seeds: [1, 2]\n"
         "overrides: {total_env_steps: 6000, checkpoint_interval: 5, eval_interval: 10}\n",
+        "serial",
     )
     sweep_dir = tmp_path / "sw"
-    spec = S.load_spec(str(spec_path), sweep_dir)
-    cmd = [sys.executable, "-m", "mappo.cli", "sweep", str(spec_path), "--dir", str(sweep_dir)]
-    cmd += ["--backend", "serial"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = Path(spec.trials[0].dir)
     _wait_for_checkpoint(proc, first)
     time.sleep(0.3)
@@ -272,17 +281,13 @@ def test_a_sweep_spreads_trials_across_two_ray_nodes(tmp_path, two_node_cluster,
 
 def test_ctrl_c_stops_a_ray_sweep_with_checkpoints_and_a_rerun_resumes(tmp_path):
     pytest.importorskip("ray")
-    spec_path = _write_spec(
+    spec_path, spec, proc = _start_sweep(
         tmp_path,
-        "presets: [TINY]\nseeds: [1]\n"
+        "seeds: [1]\n"
         "overrides: {total_env_steps: 16000, checkpoint_interval: 20, eval_interval: 50}\n",
+        "ray",
     )
     sweep_dir = tmp_path / "sw"
-    spec = S.load_spec(str(spec_path), sweep_dir)
-    cmd = [sys.executable, "-m", "mappo.cli", "sweep", str(spec_path), "--dir", str(sweep_dir)]
-    proc = subprocess.Popen(
-        cmd + ["--backend", "ray"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
     _wait_for_checkpoint(proc, Path(spec.trials[0].dir))
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
