@@ -26,6 +26,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -86,8 +87,6 @@ _LEFTOVERS = ("metrics.csv", "config.yaml", "summary.json", "error.txt")
 
 
 def _clear_leftovers(d: Path) -> None:
-    import shutil
-
     for name in _LEFTOVERS:
         (d / name).unlink(missing_ok=True)
     shutil.rmtree(d / "tensorboard", ignore_errors=True)
