@@ -555,7 +555,8 @@ def write_outputs(spec: SweepSpec, stream: TextIO | None = None) -> str | None:
     except runs_mod.ResultsError as err:
         warnings.warn(f"no report for sweep '{spec.name}': {err}", stacklevel=2)
         return None
-    (root / "report.md").write_text(f"# Sweep {spec.name}\n\n{text}\n")
+    about = f"{spec.description}\n\n" if spec.description else ""
+    (root / "report.md").write_text(f"# Sweep {spec.name}\n\n{about}{text}\n")
     try:
         import matplotlib.pyplot as plt
     except ImportError:
