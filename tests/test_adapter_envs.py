@@ -31,7 +31,7 @@ class TinyEnv(ParallelEnv):
         fault: ``"raise"``, ``"hang"``, ``"nan"``, ``"shape"``, ``"unknown_agent"`` at
             ``fault_step``, only in the copy that was last reset with seed ``fault_seed`` (every
             copy when ``None``).
-        box_actions: give the agents a Box action space (unsupported by the adapter).
+        box_actions: give the agents a Box action space of shape (2, 2) in [-1, 1]^4.
     """
 
     metadata = {"name": "tiny_v0"}
@@ -69,9 +69,9 @@ class TinyEnv(ParallelEnv):
                 value = spaces.Box(-np.inf, np.inf, (dim,), np.float32)
                 action = spaces.Discrete(n_actions)
             if box_actions:
-                action = spaces.Box(-1.0, 1.0, (2,), np.float32)
+                action = spaces.Box(-1.0, 1.0, (2, 2), np.float32)
             if masks == "obs":
-                width = int(np.sum(action.nvec)) if hasattr(action, "nvec") else int(action.n)
+                width = _width(action)
                 value = spaces.Dict(
                     {"observation": value, "action_mask": spaces.MultiBinary(width)}
                 )
@@ -109,7 +109,9 @@ class TinyEnv(ParallelEnv):
         rewards, terms, truncs = {}, {}, {}
         for a in self.agents:
             act = actions[a]
-            self.last[a] = int(np.sum(act))
+            if isinstance(self._act_spaces[a], spaces.Box) and np.shape(act) != (2, 2):
+                raise ValueError(f"a Box action of shape {np.shape(act)} reached the env")
+            self.last[a] = float(np.sum(act))
             rewards[a] = 0.1 * self.last[a] + self.possible_agents.index(a)
             terms[a] = self.leave.get(a) == self.t
             truncs[a] = self.t >= self.max_cycles and not terms[a]
@@ -139,7 +141,7 @@ class TinyEnv(ParallelEnv):
 
     def _mask(self, agent: str) -> np.ndarray:
         space = self._act_spaces[agent]
-        width = int(np.sum(space.nvec)) if hasattr(space, "nvec") else int(space.n)
+        width = _width(space)
         allowed = (np.arange(width) + self.t) % 2 == 0
         allowed[0] = True
         return allowed.astype(np.int8)
@@ -151,6 +153,13 @@ class TinyEnv(ParallelEnv):
 
     def _info(self, agent: str) -> dict:
         return {"action_mask": self._mask(agent)} if self.masks == "info" else {}
+
+
+def _width(space: spaces.Space) -> int:
+    """Entries of a flat action mask for ``space`` (a Box's size, for the refusal test)."""
+    if hasattr(space, "nvec"):
+        return int(np.sum(space.nvec))
+    return int(np.prod(space.shape)) if isinstance(space, spaces.Box) else int(space.n)
 
 
 def _hang_forever() -> None:

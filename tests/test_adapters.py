@@ -174,14 +174,37 @@ def test_bad_inputs_are_clear_errors() -> None:
         PettingZooAdapter(tiny(), num_envs=2, num_workers=5)
     with pytest.raises(EnvError, match="set only one of num_workers and envs_per_worker"):
         PettingZooAdapter(tiny(), num_envs=8, num_workers=3, envs_per_worker=4)
-    with pytest.raises(EnvError, match="Discrete and MultiDiscrete"):
-        PettingZooAdapter(tiny(box_actions=True), num_envs=1, num_workers=0)
     with pytest.raises(EnvError, match="bad parameter"):
         PettingZooAdapter(tiny(no_such_argument=1), num_envs=1, num_workers=0)
     with pytest.raises(EnvError, match="episode_limit=<steps>"):
         PettingZooAdapter(_NoLimitEnv, num_envs=1, num_workers=0)
     with pytest.raises(EnvError, match="picklable"):
         PettingZooAdapter(lambda: TinyEnv(), num_envs=2, num_workers=1)
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_box_actions_reach_the_env_in_their_shape(num_workers: int) -> None:
+    env = PettingZooAdapter(tiny(box_actions=True), num_envs=2, num_workers=num_workers)
+    try:
+        action = env.spec.groups["agent"].action
+        assert action.continuous and action.low == (-1.0,) * 4 and action.high == (1.0,) * 4
+        env.reset(seed=0)
+        a = torch.tensor([[0.5, -0.25, 1.0, 0.125], [-1.0, 0.0, 0.0, 0.75]])
+        out = env.step({"agent": a.expand(2, 2, 4).contiguous()})
+        # TinyEnv observes the sum of its last action: the (2, 2) box arrived whole, as float32.
+        torch.testing.assert_close(out.obs["agent"][:, :, 2], a.sum(-1).expand(2, 2))
+        with pytest.raises(ActionError, match="outside the box"):
+            env.step({"agent": torch.full((2, 2, 4), 1.5)})
+        with pytest.raises(ActionError, match="floating dtype"):
+            env.step({"agent": torch.zeros(2, 2, 4, dtype=torch.int64)})
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("masks", ["obs", "info"])
+def test_a_box_with_an_action_mask_is_refused(masks: str) -> None:
+    with pytest.raises(EnvError, match="masks apply to discrete actions only"):
+        PettingZooAdapter(tiny(box_actions=True, masks=masks), num_envs=1, num_workers=0)
 
 
 class _NoLimitEnv(TinyEnv):

@@ -19,12 +19,16 @@ from torch import Tensor
 
 @dataclass
 class GroupAct:
-    """One group's step: actions ``[E, n, k]`` int64, the state after it ``[E, n, S]`` and,
-    for a stochastic policy sampling, the log-probabilities of the actions ``[E, n]``."""
+    """One group's step: actions ``[E, n, k]`` int64 (or ``[E, n, d]`` float32 for a
+    continuous group), the state after it ``[E, n, S]``, for a stochastic policy sampling the
+    log-probabilities of the actions ``[E, n]``, and where the env must receive something else
+    than what is stored (a Gaussian sample clipped or squashed into the action box) the env's
+    actions."""
 
     actions: Tensor
     state: Tensor
     log_prob: Tensor | None = None
+    env_actions: Tensor | None = None
 
 
 class Acting(Protocol):
@@ -52,11 +56,13 @@ class Acting(Protocol):
 
 @dataclass
 class Acted:
-    """Every group's step: actions, states after it, and log-probabilities where sampled."""
+    """Every group's step: actions (as stored for learning), states after it, log-probabilities
+    where sampled, and the actions to step the env with (``env_actions``)."""
 
     actions: dict[str, Tensor]
     states: dict[str, Tensor]
     log_probs: dict[str, Tensor]
+    env_actions: dict[str, Tensor]
 
 
 def act(
@@ -76,13 +82,14 @@ def act(
     policy and Q-agents act epsilon-greedily with ``epsilon`` (their configured final epsilon
     when ``None``). Groups without an entry in ``masks`` may take every action.
     """
-    actions, new_states, log_probs = {}, {}, {}
+    actions, new_states, log_probs, env_actions = {}, {}, {}, {}
     for name in states:
         out = policy.act_group(
             name, obs[name], states[name], starts, masks.get(name), greedy, generator, epsilon
         )
         actions[name] = out.actions
+        env_actions[name] = out.actions if out.env_actions is None else out.env_actions
         new_states[name] = out.state
         if out.log_prob is not None:
             log_probs[name] = out.log_prob
-    return Acted(actions, new_states, log_probs)
+    return Acted(actions, new_states, log_probs, env_actions)

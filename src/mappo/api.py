@@ -95,7 +95,7 @@ class Policy:
                 masks[name] = mask.reshape(E, *mask.shape[-2:])
         acted = act(self.model, obs, masks, self._states, starts_t, deterministic, generator)
         self._states = acted.states
-        return {name: a[0] if single else a for name, a in acted.actions.items()}
+        return {name: a[0] if single else a for name, a in acted.env_actions.items()}
 
 
 def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Policy:

@@ -77,6 +77,22 @@ class ModelConfig:
     share_params: bool = _field(True, "One set of parameters per group (True) or one per agent.")
     agent_id: bool = _field(False, "Append the agent's one-hot index to actor and critic inputs.")
     policy_gain: float = _field(0.01, "Orthogonal-init gain of the policy head.", low=0.0)
+    action_bounds: str = _field(
+        "clip",
+        "Continuous actions: how a Gaussian sample meets the action box. 'clip' clips it on the "
+        "way to the env (log-probabilities of the unclipped sample, as in the MAPPO paper's "
+        "code); 'tanh' squashes it into the box, with the log-probability corrected for the "
+        "squashing (needs finite bounds).",
+        choices=("clip", "tanh"),
+    )
+    log_std_init: float = _field(
+        0.0, "Continuous actions: initial log standard deviation of the Gaussian policy."
+    )
+    state_dependent_std: bool = _field(
+        False,
+        "Continuous actions: the policy network outputs the log standard deviation (True) "
+        "instead of one learned parameter per action component (False).",
+    )
 
 
 ALGO_NAMES = ("mappo", "iql", "vdn", "qmix", "coma")

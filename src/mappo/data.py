@@ -5,8 +5,9 @@ or upward to get them: the environment spec (:class:`EnvSpec` and its parts), th
 (:class:`EnvStep`), the on-policy rollout (:class:`Rollout`) and the episode batch of the replay
 buffer (:class:`EpisodeBatch`). This module imports only ``torch``.
 
-Shapes: ``E`` envs, ``n`` agents of a group, ``k`` action heads, ``T`` rollout steps, ``B``
-episodes, ``L`` the episode limit (+1 for the step after the last action).
+Shapes: ``E`` envs, ``n`` agents of a group, ``k`` action heads (or ``d`` continuous components),
+``T`` rollout steps, ``B`` episodes, ``L`` the episode limit (+1 for the step after the last
+action).
 """
 
 from __future__ import annotations
@@ -23,22 +24,72 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class ActionSpec:
-    """Discrete actions with one or more categorical heads.
+    """A group's action space: discrete heads, or a box of continuous components.
 
-    ``Discrete(5)`` is ``ActionSpec((5,))``; the particle world's move + message is
-    ``ActionSpec((5, 10))``. An action is one integer per head.
+    Discrete: ``Discrete(5)`` is ``ActionSpec((5,))``; the particle world's move + message is
+    ``ActionSpec((5, 10))``. An action is one integer per head, ``[..., k]`` int64.
+
+    Continuous: ``ActionSpec.box(low, high)`` with one bound per component (``-inf``/``inf``
+    for an unbounded side). An action is ``[..., d]`` float32 inside ``[low, high]``.
     """
 
-    nvec: tuple[int, ...]
+    nvec: tuple[int, ...] = ()
+    low: tuple[float, ...] | None = None
+    """Continuous only: the lower bound of each component (``None`` for a discrete space)."""
+    high: tuple[float, ...] | None = None
+    """Continuous only: the upper bound of each component."""
+
+    def __post_init__(self) -> None:
+        if (self.low is None) != (self.high is None):
+            raise ValueError("a continuous ActionSpec needs both low and high")
+        if self.low is None:
+            if not self.nvec or min(self.nvec) < 1:
+                raise ValueError(f"nvec must list positive head sizes, got {self.nvec}")
+            return
+        if self.nvec:
+            raise ValueError("an ActionSpec is either discrete (nvec) or continuous (low/high)")
+        if not self.low or len(self.low) != len(self.high):
+            raise ValueError(
+                f"low and high need one bound per component, got {len(self.low)} and "
+                f"{len(self.high)}"
+            )
+        if any(not lo <= hi for lo, hi in zip(self.low, self.high, strict=True)):
+            raise ValueError(f"every low must be <= its high, got low={self.low} high={self.high}")
+
+    @classmethod
+    def box(cls, low: Any, high: Any) -> ActionSpec:
+        """A continuous space from bounds (sequences of equal length, or scalars with
+        ``high`` a sequence giving the dimension)."""
+        hi = [float(x) for x in (high if hasattr(high, "__len__") else [high])]
+        lo = [float(x) for x in (low if hasattr(low, "__len__") else [low] * len(hi))]
+        return cls(low=tuple(lo), high=tuple(hi))
+
+    @property
+    def continuous(self) -> bool:
+        return self.low is not None
 
     @property
     def num_heads(self) -> int:
-        return len(self.nvec)
+        """Numbers per agent and step: ``k`` heads, or ``d`` continuous components."""
+        return len(self.nvec) if self.low is None else len(self.low)
 
     @property
     def total(self) -> int:
-        """Width of a flat logits or mask vector: the sum of the head sizes."""
-        return int(sum(self.nvec))
+        """Width of a flat logits or mask vector (the sum of the head sizes); ``d`` for a box."""
+        return int(sum(self.nvec)) if self.low is None else len(self.low)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """How actions are stored: int64 for discrete heads, float32 for a box."""
+        return torch.float32 if self.continuous else torch.int64
+
+    @property
+    def bounded(self) -> bool:
+        """Continuous with finite bounds on every side (tanh squashing needs it)."""
+        return self.continuous and all(
+            abs(x) != float("inf")
+            for x in (*self.low, *self.high)  # type: ignore[misc]
+        )
 
 
 @dataclass(frozen=True)
@@ -145,6 +196,8 @@ def spec_to_dict(spec: EnvSpec) -> dict[str, Any]:
                 "agents": list(g.agents),
                 "obs_shape": list(g.obs_shape),
                 "nvec": list(g.action.nvec),
+                "low": None if g.action.low is None else list(g.action.low),
+                "high": None if g.action.high is None else list(g.action.high),
                 "has_action_mask": g.has_action_mask,
                 "agent_state_shape": None
                 if g.agent_state_shape is None
@@ -164,7 +217,9 @@ def spec_from_dict(data: dict[str, Any]) -> EnvSpec:
         name: GroupSpec(
             agents=tuple(g["agents"]),
             obs_shape=tuple(g["obs_shape"]),
-            action=ActionSpec(tuple(g["nvec"])),
+            action=ActionSpec(tuple(g["nvec"]))
+            if g.get("low") is None
+            else ActionSpec(low=tuple(g["low"]), high=tuple(g["high"])),
             has_action_mask=bool(g["has_action_mask"]),
             agent_state_shape=None
             if g["agent_state_shape"] is None

@@ -45,7 +45,8 @@ def allocate_episodes(env: BatchedEnv, batch: int) -> EpisodeBatch:
         },
         alive={name: zeros(g.num_agents, dtype=torch.bool) for name, g in groups},
         actions={
-            name: zeros(g.num_agents, g.action.num_heads, dtype=torch.int64) for name, g in groups
+            name: zeros(g.num_agents, g.action.num_heads, dtype=g.action.dtype)
+            for name, g in groups
         },
         state=zeros(*spec.state_shape),
         reward=zeros(),
@@ -114,7 +115,7 @@ class EpisodeCollector:
                 epsilon=epsilon,
             )
             states, starts = acted.states, torch.zeros_like(starts)
-            step = env.step(acted.actions)
+            step = env.step(acted.env_actions)
             self.tracker.record(step, active)
             for name, a in acted.actions.items():
                 _put(b.actions[name], t, a, active)

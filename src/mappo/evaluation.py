@@ -34,7 +34,7 @@ def evaluate(
             policy, step.obs, step.action_mask, states, starts, deterministic, generator=generator
         )
         states = acted.states
-        step = env.step(acted.actions)
+        step = env.step(acted.env_actions)
         reward = torch.cat(list(step.reward.values()), dim=1).mean(1)
         returns += reward * (~finished)
         first = step.done & ~finished

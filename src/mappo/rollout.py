@@ -109,7 +109,7 @@ def allocate(policy: ActorCritic, env: BatchedEnv, length: int, bootstrap: bool)
             actor_state=torch.zeros(length, E, n, actor.state_size, device=dev),
             critic_state=torch.zeros(length, E, c, critic.state_size, device=dev),
             actions=torch.zeros(
-                length, E, n, group.action.num_heads, dtype=torch.int64, device=dev
+                length, E, n, group.action.num_heads, dtype=group.action.dtype, device=dev
             ),
             log_probs=torch.zeros(length, E, n, device=dev),
             values=torch.zeros(length + 1, E, c, device=dev),
@@ -187,7 +187,7 @@ class Collector:
                         buf.critic_x[t : t + 1], self.critic_states[name], starts
                     )
                     buf.values[t] = value[0]
-            self.step = self.env.step(actions)
+            self.step = self.env.step(acted.env_actions)
             self.tracker.record(self.step)
             for name, buf in ro.groups.items():
                 buf.rewards[t] = self.step.reward[name]

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from mappo.envs import BatchedEnv, EnvStep, make
-from mappo.envs.rendering import masked_choice
+from mappo.envs.rendering import masked_choice, random_box
 
 ACTION_RING = 32
 """Pre-generated action batches per env for unmasked envs (cycled through)."""
@@ -38,10 +38,12 @@ def _ring_of_actions(env: BatchedEnv, gen: torch.Generator) -> list[dict[str, Te
     for _ in range(ACTION_RING):
         batch = {}
         for name, group in env.spec.groups.items():
+            shape = (env.num_envs, group.num_agents)
+            if group.action.continuous:
+                batch[name] = random_box(group.action, shape, env.device, gen)
+                continue
             heads = [
-                torch.randint(
-                    0, size, (env.num_envs, group.num_agents), device=env.device, generator=gen
-                )
+                torch.randint(0, size, shape, device=env.device, generator=gen)
                 for size in group.action.nvec
             ]
             batch[name] = torch.stack(heads, dim=-1)

@@ -10,6 +10,9 @@ Shapes (``E`` = ``num_envs``, ``n`` = agents in a group, ``k`` = action heads of
 - per-agent tensors are ``[E, n, ...]``: observations ``[E, n, *obs_shape]`` (float32), rewards
   ``[E, n]`` (float32), ``alive`` flags ``[E, n]`` (bool), action masks ``[E, n, sum(nvec)]``
   (bool, ``True`` = allowed), actions ``[E, n, k]`` (int64; ``[E, n]`` is accepted for one head);
+- a group's actions are either discrete heads or a continuous box (:class:`ActionSpec`): box
+  actions are ``[E, n, d]`` float32 within ``[low, high]`` (``[E, n]`` accepted for ``d = 1``),
+  and a box group has no action mask; discrete and continuous groups mix freely in one env;
 - the global state is ``[E, *state_shape]``; an agent-specific state, where the env defines one,
   is ``[E, n, *agent_state_shape]`` per group;
 - ``terminated`` and ``truncated`` are ``[E]`` bool and kept apart: a time limit is a truncation.
@@ -28,9 +31,9 @@ tensors with a leading ``[E]`` axis; :meth:`BatchedEnv.set_state` puts (some of)
 given state, for reference-trajectory tests and curricula.
 
 **Input checks.** With ``validate_actions = True`` (the default) every ``step`` checks the action
-batch (shape, dtype, range, mask) and raises :class:`ActionError` naming the group and what was
-expected. The trainer switches the per-step checks off in its hot loop once its actions are known
-to be well formed.
+batch (shape, dtype, range or box bounds, finiteness, mask) and raises :class:`ActionError`
+naming the group and what was expected. The trainer switches the per-step checks off in its hot
+loop once its actions are known to be well formed.
 """
 
 from __future__ import annotations
@@ -100,7 +103,8 @@ class BatchedEnv(abc.ABC):
                 setattr(cls, method, _remember_masks(cls.__dict__[method]))
 
     def step(self, actions: dict[str, Tensor]) -> EnvStep:
-        """Advance every env by one step; actions per group ``[E, n, k]`` int64 (see module doc).
+        """Advance every env by one step; actions per group ``[E, n, k]`` int64, or ``[E, n, d]``
+        float32 for a continuous group (see the module doc).
 
         With ``validate_actions`` the actions are checked against the spec and against the
         action masks of the last returned :class:`EnvStep`.
@@ -116,7 +120,8 @@ class BatchedEnv(abc.ABC):
 
     @abc.abstractmethod
     def _step(self, actions: dict[str, Tensor]) -> EnvStep:
-        """``step`` without the input checks; actions are ``[E, n, k]`` int64 on the device."""
+        """``step`` without the input checks; actions are ``[E, n, k]`` int64 (``[E, n, d]``
+        float32 for continuous groups) on the device."""
 
     @abc.abstractmethod
     def get_state(self) -> dict[str, Tensor]:
@@ -174,8 +179,12 @@ class BatchedEnv(abc.ABC):
             if tuple(a.shape) != expected:
                 raise ActionError(
                     f"{self.name}: actions for group '{name}' have shape {tuple(a.shape)}, "
-                    f"expected {expected} (num_envs, agents, heads)"
+                    f"expected {expected} (num_envs, agents, "
+                    f"{'components' if group.action.continuous else 'heads'})"
                 )
+            if group.action.continuous:
+                out[name] = self._check_box(name, group.action, a)
+                continue
             if a.dtype.is_floating_point or a.dtype == torch.bool or a.dtype.is_complex:
                 raise ActionError(
                     f"{self.name}: actions for group '{name}' have dtype {a.dtype}, "
@@ -193,9 +202,38 @@ class BatchedEnv(abc.ABC):
             out[name] = a
         return out
 
+    def _check_box(self, name: str, space: ActionSpec, a: Tensor) -> Tensor:
+        """Check one continuous group's actions ``[E, n, d]``: floating dtype, finite, in bounds."""
+        if not a.dtype.is_floating_point:
+            raise ActionError(
+                f"{self.name}: actions for group '{name}' have dtype {a.dtype}, expected a "
+                "floating dtype (torch.float32): the group's action space is continuous"
+            )
+        a = a.to(device=self.device, dtype=torch.float32)
+        finite = torch.isfinite(a)
+        if not bool(finite.all()):
+            idx = tuple(int(i) for i in (~finite).nonzero()[0])
+            raise ActionError(
+                f"{self.name}: action {float(a[idx])} for group '{name}' at (env, agent, "
+                f"component) {idx} is not finite; check the policy's outputs for NaN"
+            )
+        low = torch.tensor(space.low, device=self.device)
+        high = torch.tensor(space.high, device=self.device)
+        bad = (a < low) | (a > high)
+        if bool(bad.any()):
+            idx = tuple(int(i) for i in bad.nonzero()[0])
+            raise ActionError(
+                f"{self.name}: action {float(a[idx]):.6g} for group '{name}' at (env, agent, "
+                f"component) {idx} is outside the box [{space.low[idx[-1]]}, "
+                f"{space.high[idx[-1]]}]; clip actions to the box before stepping"
+            )
+        return a
+
     def check_action_masks(self, actions: dict[str, Tensor], masks: dict[str, Tensor]) -> None:
         """Raise :class:`ActionError` if an action is forbidden by its mask ``[E, n, A]``."""
         for name, mask in masks.items():
+            if self.spec.groups[name].action.continuous:
+                continue
             nvec = self.spec.groups[name].action.nvec
             offsets = torch.tensor(np.cumsum((0,) + nvec[:-1]), device=self.device)
             flat = actions[name] + offsets

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mappo.envs.base import BatchedEnv, EnvError, EnvStep
+from mappo.envs.base import ActionSpec, BatchedEnv, EnvError, EnvStep
 from mappo.envs.registry import make
 
 try:
@@ -84,8 +84,14 @@ class PettingZooView(ParallelEnv):
                 )
             else:
                 obs_space = obs_box
-            if group.action.num_heads == 1:
-                act_space: spaces.Space = spaces.Discrete(group.action.nvec[0])
+            if group.action.continuous:
+                act_space: spaces.Space = spaces.Box(
+                    np.asarray(group.action.low, dtype=np.float32),
+                    np.asarray(group.action.high, dtype=np.float32),
+                    dtype=np.float32,
+                )
+            elif group.action.num_heads == 1:
+                act_space = spaces.Discrete(group.action.nvec[0])
             else:
                 act_space = spaces.MultiDiscrete(list(group.action.nvec))
             for k, agent in enumerate(group.agents):
@@ -124,11 +130,11 @@ class PettingZooView(ParallelEnv):
                 f"missing {missing}, unknown {unknown}"
             )
         batch = {
-            name: np.zeros((1, g.num_agents, g.action.num_heads), dtype=np.int64)
+            name: np.zeros((1, g.num_agents, g.action.num_heads), dtype=_numpy_dtype(g.action))
             for name, g in self.env.spec.groups.items()
         }
         for agent, (group, k) in zip(self.possible_agents, self._slots, strict=True):
-            batch[group][0, k] = np.asarray(actions[agent], dtype=np.int64).reshape(-1)
+            batch[group][0, k] = np.asarray(actions[agent], dtype=batch[group].dtype).reshape(-1)
         step = self.env.step({g: torch.from_numpy(a) for g, a in batch.items()})
         assert step.final_obs is not None and step.final_state is not None
         obs = self._observations(step.final_obs, step)
@@ -179,3 +185,8 @@ class PettingZooView(ParallelEnv):
             else:
                 out[agent] = value
         return out
+
+
+def _numpy_dtype(action: ActionSpec) -> type:
+    """How a group's actions are batched: int64 indices, or float32 box components."""
+    return np.float32 if action.continuous else np.int64

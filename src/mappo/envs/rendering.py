@@ -16,7 +16,7 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from mappo.envs.base import BatchedEnv, EnvError, EnvStep
+from mappo.envs.base import ActionSpec, BatchedEnv, EnvError, EnvStep
 
 ActFn = Callable[[EnvStep], dict[str, Tensor]]
 """``act_fn(step) -> actions``: per group ``[E, n, k]`` int64 for the observations of ``step``."""
@@ -24,7 +24,8 @@ ActFn = Callable[[EnvStep], dict[str, Tensor]]
 
 @torch.no_grad()
 def random_actions(env: BatchedEnv, step: EnvStep, generator: torch.Generator) -> dict[str, Tensor]:
-    """Uniformly random valid actions ``[E, n, k]`` per group, on the env's device.
+    """Uniformly random valid actions ``[E, n, k]`` per group, on the env's device
+    (``[E, n, d]`` float32 inside the box for a continuous group, see :func:`random_box`).
 
     Groups with an action mask in ``step.action_mask`` draw each head uniformly among its allowed
     actions (the argmax of uniform noise times the mask); others draw uniform integers. All
@@ -34,7 +35,9 @@ def random_actions(env: BatchedEnv, step: EnvStep, generator: torch.Generator) -
     for name, group in env.spec.groups.items():
         mask = step.action_mask.get(name)
         shape = (env.num_envs, group.num_agents)
-        if mask is None:
+        if group.action.continuous:
+            actions[name] = random_box(group.action, shape, env.device, generator)
+        elif mask is None:
             heads = [
                 torch.randint(0, size, shape, device=env.device, generator=generator)
                 for size in group.action.nvec
@@ -44,6 +47,20 @@ def random_actions(env: BatchedEnv, step: EnvStep, generator: torch.Generator) -
             noise = torch.rand(*mask.shape, device=env.device, generator=generator)
             actions[name] = masked_choice(noise, mask, group.action.nvec)
     return actions
+
+
+def random_box(
+    space: ActionSpec, shape: tuple[int, ...], device: torch.device, generator: torch.Generator
+) -> Tensor:
+    """``[*shape, d]`` float32 continuous actions: uniform on each bounded component, standard
+    normal (clipped to the one finite bound, if any) on an unbounded one."""
+    low = torch.tensor(space.low, device=device)
+    high = torch.tensor(space.high, device=device)
+    u = torch.rand(*shape, len(space.low), device=device, generator=generator)
+    z = torch.randn(*shape, len(space.low), device=device, generator=generator)
+    bounded = torch.isfinite(low) & torch.isfinite(high)
+    uniform = torch.where(bounded, low, 0.0) + u * torch.where(bounded, high - low, 0.0)
+    return torch.where(bounded, uniform, z.clamp(low, high))
 
 
 def masked_choice(noise: Tensor, mask: Tensor, nvec: Sequence[int]) -> Tensor:

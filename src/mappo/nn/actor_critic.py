@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from mappo.acting import GroupAct
 from mappo.config import AlgoConfig, ModelConfig
 from mappo.data import EnvSpec, EnvStep, GroupSpec
-from mappo.nn.distributions import MultiCategorical
+from mappo.nn.distributions import DiagGaussian, MultiCategorical
 from mappo.nn.layers import MLP, AgentLinear, RecurrentCore
 from mappo.nn.normalizers import PopArt, ValueNorm
 
@@ -58,20 +58,49 @@ class Trunk(nn.Module):
         return self.rnn(h, state, starts, inject, whole_episodes)
 
 
+Policy = MultiCategorical | DiagGaussian
+"""A group's action distribution: categorical heads, or a Gaussian over a box."""
+
+
 class Actor(nn.Module):
-    """The policy of one group: observation (+ agent id) -> masked multi-head categorical."""
+    """The policy of one group: observation (+ agent id) -> a masked multi-head categorical, or
+    for a continuous group a diagonal Gaussian (``model.action_bounds``, ``log_std_init``,
+    ``state_dependent_std``)."""
 
     def __init__(self, group: GroupSpec, cfg: ModelConfig) -> None:
         super().__init__()
         n = group.num_agents
         self.nvec = group.action.nvec
+        self.continuous = group.action.continuous
         self.copies = 1 if cfg.share_params else n
         self.agent_id = cfg.agent_id
         in_features = math.prod(group.obs_shape) + (n if cfg.agent_id else 0)
         self.trunk = Trunk(in_features, cfg, self.copies)
-        self.head = AgentLinear(self.trunk.out_features, group.action.total, self.copies)
+        d = group.action.total
+        self.state_dependent_std = self.continuous and cfg.state_dependent_std
+        out = 2 * d if self.state_dependent_std else d
+        self.head = AgentLinear(self.trunk.out_features, out, self.copies)
         self.head.reset_parameters(gain=cfg.policy_gain)
         self.register_buffer("eye", torch.eye(n), persistent=False)
+        if self.continuous:
+            if cfg.action_bounds == "tanh" and not group.action.bounded:
+                raise ValueError(
+                    f"model.action_bounds=tanh needs finite action bounds, but agents "
+                    f"{list(group.agents)} act in the box low={group.action.low} "
+                    f"high={group.action.high}; use model.action_bounds=clip"
+                )
+            self.bounds = cfg.action_bounds
+            self.register_buffer("low", torch.tensor(group.action.low), persistent=False)
+            self.register_buffer("high", torch.tensor(group.action.high), persistent=False)
+            if self.state_dependent_std:
+                # Start at log_std_init: the std half of the head begins at zero weight.
+                with torch.no_grad():
+                    self.head.weight[:, :, d:].zero_()
+                    self.head.bias[:, d:].fill_(cfg.log_std_init)
+            else:
+                # [copies, d]: one learned log-std per action component (per agent when the
+                # parameters are not shared), broadcast over the batch.
+                self.log_std = nn.Parameter(torch.full((self.copies, d), cfg.log_std_init))
 
     @property
     def state_size(self) -> int:
@@ -84,16 +113,28 @@ class Actor(nn.Module):
         starts: Tensor,
         mask: Tensor | None,
         inject: Tensor | None = None,
-    ) -> tuple[MultiCategorical, Tensor]:
+    ) -> tuple[Policy, Tensor]:
         """``obs [L, *B, n, *obs_shape]``, ``state [*B, n, S]``, ``starts [L, *B]``,
         ``mask [L, *B, n, sum(nvec)]`` -> distribution over ``[L, *B, n]`` and the final state.
         ``inject [L, *B, n, S]`` is added to the state after the reset at ``starts`` (see
-        :class:`~mappo.nn.layers.RecurrentCore`)."""
+        :class:`~mappo.nn.layers.RecurrentCore`). Continuous groups have no mask."""
         x = obs.flatten(starts.dim() + 1) if obs.dim() > starts.dim() + 2 else obs
         if self.agent_id:
             x = torch.cat([x, self.eye.expand(*x.shape[:-1], -1)], -1)
         h, state = self.trunk(x, state, starts, inject)
-        return MultiCategorical(self.head(h), self.nvec, mask), state
+        out = self.head(h)
+        if not self.continuous:
+            return MultiCategorical(out, self.nvec, mask), state
+        if self.state_dependent_std:
+            mean, log_std = out.chunk(2, dim=-1)
+            # Bounds keep exp() finite and the std from collapsing to 0 (a NaN log-prob).
+            log_std = log_std.clamp(_LOG_STD_MIN, _LOG_STD_MAX)
+        else:
+            mean, log_std = out, self.log_std
+        return DiagGaussian(mean, log_std, self.low, self.high, self.bounds), state
+
+
+_LOG_STD_MIN, _LOG_STD_MAX = -20.0, 2.0
 
 
 class Critic(nn.Module):
@@ -248,6 +289,15 @@ class ActorCritic(nn.Module):
             None if mask is None else mask.unsqueeze(0),
         )
         if greedy:
-            return GroupAct(dist.mode()[0], state)
+            action = dist.mode()[0]
+            return GroupAct(action, state, env_actions=_to_env(dist, action))
         action = dist.sample(generator)
-        return GroupAct(action[0], state, dist.log_prob(action)[0])
+        return GroupAct(
+            action[0], state, dist.log_prob(action)[0], env_actions=_to_env(dist, action[0])
+        )
+
+
+def _to_env(dist: Policy, actions: Tensor) -> Tensor | None:
+    """What the env receives for ``actions``: clipped or squashed for a Gaussian; ``None`` (the
+    actions themselves) for categorical heads."""
+    return dist.to_env(actions) if isinstance(dist, DiagGaussian) else None

@@ -1,4 +1,5 @@
-"""Masked categorical distributions with one or several independent heads.
+"""Policy distributions: masked categoricals with one or several independent heads, and a
+diagonal Gaussian for continuous actions (:class:`DiagGaussian`, at the end).
 
 A discrete action space with heads ``nvec = (n_1, ..., n_k)`` (``Discrete(5)`` is ``(5,)``, the
 particle world's move + message is ``(5, 10)``) is parameterised by flat logits
@@ -15,8 +16,10 @@ no split/concatenate in the hot path.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -166,3 +169,84 @@ class MultiCategorical:
                 f"{self.nvec[idx[-1]]}) at batch index {idx[:-1]}; every head needs at least one "
                 "allowed action"
             )
+
+
+_LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+class DiagGaussian:
+    """A diagonal Gaussian policy over a box of continuous actions, with one of two ways to
+    respect the box.
+
+    Args:
+        mean: ``[..., d]`` float, the mean of the Gaussian before any squashing.
+        log_std: ``[..., d]`` (or broadcastable to it) log standard deviation.
+        low, high: ``[d]`` bounds of the box (``-inf``/``inf`` allowed with ``"clip"``).
+        bounds: ``"clip"``: the Gaussian's sample ``u`` is the action, clipped to the box only
+            on its way to the env (:meth:`to_env`), as in the MAPPO paper's code and most PPO
+            implementations; log-probabilities are those of ``u``. ``"tanh"``: the env gets
+            ``a = low + (tanh(u) + 1) (high - low) / 2``, and :meth:`log_prob` is the density of
+            ``a``: the Gaussian's minus ``sum log |da/du|`` (the change of variables of Haarnoja
+            et al. 2018, "Soft Actor-Critic", appendix C).
+
+    In both modes the stored action is the pre-squash sample ``u`` ``[..., d]``: the PPO ratio
+    needs the log-probability of exactly what was drawn, and ``atanh`` of a squashed action at
+    the bound would be infinite. :meth:`entropy` is the Gaussian's (closed form); with
+    ``"tanh"`` the squashed density has none, and the Gaussian's entropy is the usual stand-in
+    for the bonus (it rewards a wider ``u``).
+    """
+
+    def __init__(
+        self, mean: Tensor, log_std: Tensor, low: Tensor, high: Tensor, bounds: str = "clip"
+    ) -> None:
+        if bounds not in ("clip", "tanh"):
+            raise ValueError(f"bounds must be 'clip' or 'tanh', got {bounds!r}")
+        self.mean = mean
+        self.log_std = log_std.expand_as(mean)
+        self.low, self.high = low, high
+        self.bounds = bounds
+        self.batch_shape = mean.shape[:-1]
+
+    @property
+    def std(self) -> Tensor:
+        return self.log_std.exp()
+
+    def sample(self, generator: torch.Generator | None = None) -> Tensor:
+        """``[..., d]`` pre-squash actions ``u = mean + std * z``, ``z`` drawn from
+        ``generator`` only (torch's global RNG when ``None``)."""
+        z = torch.randn(
+            self.mean.shape, generator=generator, dtype=self.mean.dtype, device=self.mean.device
+        )
+        return (self.mean + self.std * z).detach()
+
+    def mode(self) -> Tensor:
+        """``[..., d]`` the most likely pre-squash action: the mean (deterministic evaluation)."""
+        return self.mean.detach()
+
+    def log_prob(self, actions: Tensor) -> Tensor:
+        """``[...]`` log-density of pre-squash actions ``u`` ``[..., d]`` (summed over
+        components); with ``"tanh"``, the density of the squashed action the env received."""
+        if actions.shape != self.mean.shape:
+            raise ValueError(
+                f"actions have shape {tuple(actions.shape)}, expected {tuple(self.mean.shape)} "
+                "(batch..., components)"
+            )
+        z = (actions - self.mean) / self.std
+        logp = -0.5 * z.square() - self.log_std - _LOG_SQRT_2PI
+        if self.bounds == "tanh":
+            # log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)): exact and finite for any u,
+            # where 1 - tanh(u)^2 underflows to 0 already at |u| ~ 9 in float32.
+            log_dtanh = 2.0 * (math.log(2.0) - actions - F.softplus(-2.0 * actions))
+            logp = logp - log_dtanh - torch.log((self.high - self.low) / 2.0)
+        return logp.sum(-1)
+
+    def entropy(self) -> Tensor:
+        """``[...]`` the Gaussian's entropy in nats, ``sum(log std + log sqrt(2 pi e))``."""
+        return (self.log_std + 0.5 + _LOG_SQRT_2PI).sum(-1)
+
+    def to_env(self, actions: Tensor) -> Tensor:
+        """``[..., d]`` the actions the env receives: ``u`` clipped to the box, or squashed."""
+        if self.bounds == "tanh":
+            # The clip after squashing only catches rounding one ulp past a bound.
+            actions = self.low + (torch.tanh(actions) + 1.0) * ((self.high - self.low) / 2.0)
+        return torch.maximum(torch.minimum(actions, self.high), self.low)

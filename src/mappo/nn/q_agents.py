@@ -151,6 +151,12 @@ class AgentNetworks(nn.Module):
         super().__init__()
         self.spec = spec
         for name, group in spec.groups.items():
+            if group.action.continuous:
+                raise ConfigError(
+                    f"algo.name={algo_name} needs discrete actions, but group '{name}' acts in a "
+                    f"continuous box of {group.action.num_heads} components; train this env with "
+                    "algo.name=mappo (or use the env's discrete actions, if it has them)"
+                )
             if group.action.num_heads != 1:
                 raise ConfigError(
                     f"algo.name={algo_name} needs one discrete action per agent, but group "

@@ -16,7 +16,8 @@ by agent). A Gymnasium environment with ``Tuple`` spaces is first wrapped into t
 Buffers (``E`` = copies handled here, ``n`` = agents in a group, ``d`` = flat observation size,
 ``k`` = action heads, ``m`` = action-mask width, ``S`` = state size), one set per group ``g``:
 ``obs/g`` and ``final_obs/g`` ``[E, n, d]`` float32, ``reward/g`` ``[E, n]`` float32, ``alive/g``
-``[E, n]`` bool, ``mask/g`` ``[E, n, m]`` bool, ``action/g`` ``[E, n, k]`` int64; and per copy:
+``[E, n]`` bool, ``mask/g`` ``[E, n, m]`` bool, ``action/g`` ``[E, n, k]`` int64 (``[E, n, d]``
+float32 for a Box action space); and per copy:
 ``state``/``final_state`` ``[E, S]`` float32, ``terminated``/``truncated`` ``[E]`` bool,
 ``episode_return``/``episode_length`` ``[E]`` float32.
 """
@@ -177,6 +178,8 @@ class TupleEnvAsParallel:
 
 
 def _first_action(space: Any) -> Any:
+    if hasattr(space, "low") and hasattr(space, "high"):  # a Box: the point nearest zero
+        return np.clip(np.zeros(space.shape), space.low, space.high).astype(space.dtype)
     start = getattr(space, "start", 0)
     return start if np.ndim(start) == 0 and not hasattr(space, "nvec") else np.asarray(start)
 
@@ -201,7 +204,17 @@ def describe_agent(agent: str, obs_space: Any, act_space: Any) -> dict[str, Any]
     """
     from gymnasium import spaces
 
-    if isinstance(act_space, spaces.Discrete):
+    box: tuple[list[float], list[float]] | None = None
+    if isinstance(act_space, spaces.Box):
+        # A box of any shape is flattened to d components (C order) and reshaped on the way
+        # back; bounds stay per component.
+        act_kind, nvec, start = "box", (), None
+        low = np.asarray(act_space.low, dtype=np.float64).reshape(-1)
+        high = np.asarray(act_space.high, dtype=np.float64).reshape(-1)
+        if low.size == 0:
+            raise ValueError(f"agent '{agent}' has an empty Box action space {act_space}")
+        box = (low.tolist(), high.tolist())
+    elif isinstance(act_space, spaces.Discrete):
         act_kind, nvec, start = "discrete", (int(act_space.n),), int(act_space.start)
     elif isinstance(act_space, spaces.MultiDiscrete):
         if act_space.nvec.ndim != 1:
@@ -212,8 +225,8 @@ def describe_agent(agent: str, obs_space: Any, act_space: Any) -> dict[str, Any]
         act_kind, nvec, start = "multi", tuple(int(v) for v in act_space.nvec), act_space.start
     else:
         raise ValueError(
-            f"agent '{agent}' has action space {act_space}; the adapters support Discrete and "
-            "MultiDiscrete action spaces"
+            f"agent '{agent}' has action space {act_space}; the adapters support Discrete, "
+            "MultiDiscrete and Box action spaces"
         )
     value_space, obs_key = obs_space, None
     mask_from_obs = isinstance(obs_space, spaces.Dict) and "action_mask" in obs_space.spaces
@@ -225,6 +238,11 @@ def describe_agent(agent: str, obs_space: Any, act_space: Any) -> dict[str, Any]
             rest = {k: v for k, v in obs_space.spaces.items() if k != "action_mask"}
             value_space, obs_key = spaces.Dict(rest), "rest"
         mask_width = int(np.prod(obs_space["action_mask"].shape))
+        if box is not None:
+            raise ValueError(
+                f"agent '{agent}' has a Box action space and an action_mask; masks apply to "
+                "discrete actions only"
+            )
         if mask_width != sum(nvec):
             raise ValueError(
                 f"agent '{agent}' has an action_mask of {mask_width} entries but its action "
@@ -241,6 +259,9 @@ def describe_agent(agent: str, obs_space: Any, act_space: Any) -> dict[str, Any]
         "mask": "obs" if mask_from_obs else None,
         "act_kind": act_kind,
         "nvec": nvec,
+        "box": box,
+        "act_shape": tuple(act_space.shape) if box is not None else None,
+        "act_dtype": str(act_space.dtype) if box is not None else None,
         "act_start": start,
     }
 
@@ -319,6 +340,9 @@ class _Slot:
         "mask",
         "mask_heads",
         "discrete",
+        "kind",
+        "act_shape",
+        "act_dtype",
         "start",
     )
 
@@ -335,13 +359,21 @@ class _Slot:
         self.mask_heads = [
             slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)
         ]
-        self.discrete = desc["act_kind"] == "discrete"
-        self.start = desc["act_start"] if self.discrete else np.asarray(desc["act_start"])
+        self.kind: str = desc["act_kind"]
+        self.discrete = self.kind == "discrete"
+        self.act_shape: tuple[int, ...] | None = desc["act_shape"]
+        self.act_dtype = np.dtype(desc["act_dtype"]) if desc["act_dtype"] else None
+        self.start = (
+            desc["act_start"] if self.kind in ("discrete", "box") else np.asarray(desc["act_start"])
+        )
 
-    def env_action(self, row: list[int]) -> Any:
-        """One agent's action ``[k]`` (indices from 0) -> what its action space expects."""
+    def env_action(self, row: list[int] | list[float]) -> Any:
+        """One agent's action ``[k]`` (indices from 0), or ``[d]`` floats for a box -> what its
+        action space expects (the box's shape and dtype)."""
         if self.discrete:
             return row[0] + self.start
+        if self.kind == "box":
+            return np.asarray(row, dtype=self.act_dtype).reshape(self.act_shape)
         return np.asarray(row, dtype=np.int64) + self.start
 
 

@@ -13,6 +13,9 @@ What the adapter does with the wrapped env (the contract is in :mod:`mappo.envs.
 - **Observations** are flattened to float32 (``gymnasium.spaces.flatten`` for non-Box spaces).
 - **Global state**: the env's ``state()`` where it has one, else every agent's observation joined
   in ``possible_agents`` order, ``[E, sum(n * d)]`` (option ``global_state``).
+- **Actions**: ``Discrete`` and ``MultiDiscrete`` spaces become categorical heads; a ``Box``
+  becomes a continuous group of ``d`` components (the box flattened in C order, reshaped and cast
+  to the box's dtype on the way back), with the box's bounds.
 - **Action masks**: the ``action_mask`` entry of dict observations (PettingZoo's convention), or
   ``info[agent]["action_mask"]``.
 - **Episodes**: an env is done when every agent is terminated or truncated, when no agent is left,
@@ -322,6 +325,11 @@ class ParallelEnvAdapter(BatchedEnv):
                 info = infos.get(agent) if isinstance(infos, dict) else None
                 desc = descs[agent]["desc"]
                 if desc["mask"] is None and isinstance(info, dict) and "action_mask" in info:
+                    if desc["box"] is not None:
+                        raise EnvError(
+                            f"{self.name}: agent '{agent}' has a Box action space and an "
+                            "action_mask in its info; masks apply to discrete actions only"
+                        )
                     desc["mask"] = "info"
             try:
                 env_state = np.asarray(probe.state(), dtype=np.float32).reshape(-1)
@@ -357,7 +365,8 @@ class ParallelEnvAdapter(BatchedEnv):
             fields[f"final_obs/{g}"] = ((e, n, d), "float32")
             fields[f"reward/{g}"] = ((e, n), "float32")
             fields[f"alive/{g}"] = ((e, n), "bool")
-            fields[f"action/{g}"] = ((e, n, spec.action.num_heads), "int64")
+            kind = "float32" if spec.action.continuous else "int64"
+            fields[f"action/{g}"] = ((e, n, spec.action.num_heads), kind)
             if spec.has_action_mask:
                 fields[f"mask/{g}"] = ((e, n, spec.action.total), "bool")
         if self._state_dim is not None:
@@ -713,12 +722,13 @@ def _check_user_groups(
         first = descs[members[0]]["desc"]
         for agent in members[1:]:
             d = descs[agent]["desc"]
-            if any(d[key] != first[key] for key in ("obs_dim", "nvec", "mask")):
+            if any(d[key] != first[key] for key in ("obs_dim", "nvec", "box", "mask")):
                 raise EnvError(
                     f"{env_name}: group '{name}' mixes agents with different spaces: "
                     f"'{members[0]}' (observation size {first['obs_dim']}, actions "
-                    f"{first['nvec']}) and '{agent}' (observation size {d['obs_dim']}, actions "
-                    f"{d['nvec']}); a group shares one observation and action space"
+                    f"{first['nvec'] or first['box']}) and '{agent}' (observation size "
+                    f"{d['obs_dim']}, actions {d['nvec'] or d['box']}); a group shares one "
+                    "observation and action space"
                 )
         out[name] = members
     missing = [a for a in descs if a not in seen]
@@ -739,7 +749,9 @@ def _make_spec(
         groups[name] = GroupSpec(
             agents=tuple(agents),
             obs_shape=(first["obs_dim"],),
-            action=ActionSpec(tuple(first["nvec"])),
+            action=ActionSpec(tuple(first["nvec"]))
+            if first["box"] is None
+            else ActionSpec.box(*first["box"]),
             has_action_mask=first["mask"] is not None,
         )
     if state_dim is None:
