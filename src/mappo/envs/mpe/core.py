@@ -8,6 +8,23 @@ integrated with an explicit Euler step; communication actions set one-hot messag
 (:mod:`~mappo.envs.mpe.simple_spread` and friends) subclass it and supply reset distributions,
 observations, rewards and episode statistics.
 
+**Continuous actions** (``continuous_actions=True``) follow PettingZoo's ``mpe2``
+(``mpe2/_mpe_utils/simple_env.py``: ``SimpleEnv.__init__`` builds the spaces, ``_set_action``
+reads them). An agent's action is one float32 vector in ``[0, 1]^d``: first, for an agent that
+moves, 5 movement components ``[no-op, -x, +x, -y, +y]`` giving the force
+``5 * (a[2] - a[1], a[4] - a[3])`` (``a[0]`` is ignored; the sensitivity 5 is mpe2's default,
+no scenario here sets ``accel``); then, for an agent that speaks, ``dim_c`` message components
+that become the agent's communication state as they are (no one-hot, no normalisation). Note
+the signs: component 1 pushes -x in mpe2's continuous (and discrete) convention, while the
+paper's discrete move 1 pushes +x.
+
+**Physics conventions.** ``physics="paper"`` (default) integrates as the paper's MPE
+(``World.integrate_state``): damp the velocity, add ``force * dt``, then move by the *new*
+velocity. ``physics="pettingzoo"`` integrates as ``mpe2``'s ``World.integrate_state``: move by
+the *old* velocity, then damp and add ``force * dt``, so a push shows in the position one step
+later. The two give different trajectories from the same actions; matching ``mpe2`` step for step
+needs ``physics="pettingzoo"`` (and the scenario's ``reward="pettingzoo"``).
+
 **Memory layout.** Internally every state tensor is stored with its axes *reversed* relative to
 the public layout: agent positions are ``[2, N, E]`` instead of ``[E, N, 2]``, so the env axis is
 innermost and contiguous. On a CPU this turns every coordinate-wise operation and every reduction
@@ -35,7 +52,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from mappo.envs.base import BatchedEnv, EnvError, EnvStep
+from mappo.envs.base import ActionSpec, BatchedEnv, EnvError, EnvStep
+from mappo.envs.mpe.params import check_bool, check_choice
 from mappo.envs.mpe.render import draw_world
 
 DT = 0.1
@@ -52,6 +70,10 @@ SENSITIVITY = 5.0
 MOVE_DIRECTIONS = ((0.0, 0.0), (1.0, 0.0), (-1.0, 0.0), (0.0, 1.0), (0.0, -1.0))
 """Unit push of each discrete move in the paper's convention: 0 no-op, 1 +x, 2 -x, 3 +y, 4 -y
 (the PettingZoo MPE uses the opposite signs)."""
+MOVE_COMPONENTS = 5
+"""Movement components of a continuous action, mpe2's ``[no-op, -x, +x, -y, +y]``."""
+PHYSICS = ("paper", "pettingzoo")
+"""Integration orders: the paper's MPE (velocity first) and mpe2 (position first)."""
 
 
 @dataclass(frozen=True)
@@ -122,15 +144,57 @@ def _to_public(x: Tensor) -> Tensor:
 class ParticleEnv(BatchedEnv):
     """Batched particle world; scenarios subclass it (see the module docstring).
 
-    Subclasses set ``self.spec`` and call :meth:`_init_world` in ``__init__``, and implement the
-    scenario hooks :meth:`_sample_extras`, :meth:`_split_actions`, :meth:`_observe`,
-    :meth:`_reward_and_stats` and :meth:`_render_info`.
+    Subclasses set ``self.spec`` (with :meth:`_action_spec` for each group) and call
+    :meth:`_init_world` in ``__init__``, and implement the scenario hooks :meth:`_sample_extras`,
+    :meth:`_split_actions`, :meth:`_observe`, :meth:`_reward_and_stats` and :meth:`_render_info`.
     """
 
     landmark_spawn_scale: float = 1.0
     """Landmarks spawn uniformly in ``[-s, s]^2`` (the paper uses 0.8 in Spread and Reference)."""
+    continuous_actions: bool = False
+    """Actions are mpe2's continuous boxes (see the module docstring) instead of discrete heads."""
+    physics: str = "paper"
+    """The integration order, one of :data:`PHYSICS` (see the module docstring)."""
+
+    def __init__(
+        self,
+        num_envs: int,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        *,
+        continuous_actions: bool = False,
+        physics: str = "paper",
+    ) -> None:
+        self.continuous_actions = check_bool(self.name, "continuous_actions", continuous_actions)
+        self.physics = check_choice(self.name, "physics", physics, PHYSICS)
+        super().__init__(num_envs, device, seed)
 
     # -- construction -------------------------------------------------------------------------
+    def _action_spec(self, moves: bool, dim_c: int) -> ActionSpec:
+        """The action space of an agent that ``moves`` and speaks ``dim_c`` messages (0: silent).
+
+        Discrete: a move head ``5`` and a message head ``dim_c``, present as the agent can. With
+        ``continuous_actions``: mpe2's ``Box(0, 1, (5 * moves + dim_c,))``, movement first.
+        """
+        if self.continuous_actions:
+            d = MOVE_COMPONENTS * moves + dim_c
+            return ActionSpec.box([0.0] * d, [1.0] * d)
+        return ActionSpec((len(MOVE_DIRECTIONS),) * moves + ((dim_c,) if dim_c else ()))
+
+    def _move_and_message(
+        self, actions: Tensor, moves: bool, speaks: bool
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """Split one group's actions ``[E, n, k or d]`` laid out as :meth:`_action_spec` into the
+        move ``[E, n]`` int64 (``[E, n, 5]`` float32 continuous) and the message ``[E, n]`` int64
+        (``[E, n, dim_c]`` float32 continuous); ``None`` for a part the agents lack."""
+        if self.continuous_actions:
+            move = actions[..., :MOVE_COMPONENTS] if moves else None
+            message = actions[..., MOVE_COMPONENTS * moves :] if speaks else None
+        else:
+            move = actions[..., 0] if moves else None
+            message = actions[..., int(moves)] if speaks else None
+        return move, message
+
     def _init_world(self, world: WorldSpec, episode_length: int) -> None:
         """Precompute index tensors and draw the first episode (the generator is then reseeded,
         so that ``reset()`` without a seed replays the same first episode)."""
@@ -221,7 +285,9 @@ class ParticleEnv(BatchedEnv):
 
     @abc.abstractmethod
     def _split_actions(self, actions: dict[str, Tensor]) -> tuple[Tensor | None, Tensor | None]:
-        """``(moves [E, movable agents], messages [E, speaking agents])`` in agent order."""
+        """``(moves, messages)`` in agent order: ``moves`` ``[E, movable agents]`` int64 and
+        ``messages`` ``[E, speaking agents]`` int64, or with ``continuous_actions`` ``[E, movable
+        agents, 5]`` and ``[E, speaking agents, dim_c]`` float32 (see :meth:`_move_and_message`)."""
 
     @abc.abstractmethod
     def _observe(self) -> tuple[dict[str, Tensor], Tensor]:
@@ -332,37 +398,67 @@ class ParticleEnv(BatchedEnv):
             size=size,
         )
 
+    def _said(self, agent: int, env_index: int) -> str:
+        """Render text for what ``agent`` last said in env ``env_index``: the message index, or
+        the message components with ``continuous_actions`` (as mpe2's renderer); ``-`` before
+        its first message."""
+        comm = self._state["agent_comm"][:, agent, env_index]
+        if not bool(comm.any()):
+            return "-"
+        if self.continuous_actions:
+            # Two decimals fit a short message on a 400-pixel frame; one for a long one.
+            digits = 2 if comm.numel() <= 5 else 1
+            return "[" + ",".join(f"{float(v):.{digits}f}" for v in comm) + "]"
+        return str(int(comm.argmax()))
+
     # -- simulation ---------------------------------------------------------------------------
     def _advance(self, moves: Tensor | None, messages: Tensor | None) -> None:
         """One world step in place: forces, integration, messages, step counter."""
         s = self._state
         pos, vel = s["agent_pos"], s["agent_vel"]
         force = self._action_force(moves)
+        # Contact forces act at the positions before this step's move in both conventions.
         contact = self._contact_force(pos) if self._num_pairs else None
-        # Explicit Euler as in MPE World.integrate_state: damp, add force * dt, move by vel * dt.
+        paper = self.physics == "paper"
         if self._all_movable:
+            if not paper:
+                # mpe2's World.integrate_state: move by the old velocity first.
+                pos.add_(vel, alpha=DT)
+            # Both conventions damp, then add force * dt; the paper's MPE then moves by the new
+            # velocity (its World.integrate_state).
             vel.mul_(1.0 - DAMPING).add_(force, alpha=DT)
             if contact is not None:
                 vel.add_(contact, alpha=DT)
-            pos.add_(vel, alpha=DT)
+            if paper:
+                pos.add_(vel, alpha=DT)
         else:
             if contact is not None:
                 force = force + contact
             new_vel = torch.where(self._mov_mask, vel * (1.0 - DAMPING) + force * DT, vel)
             s["agent_vel"] = new_vel
-            s["agent_pos"] = torch.where(self._mov_mask, pos + new_vel * DT, pos)
+            moved_by = new_vel if paper else vel
+            s["agent_pos"] = torch.where(self._mov_mask, pos + moved_by * DT, pos)
         if messages is not None:
             self._set_messages(messages)
         s["step"] = s["step"] + 1
 
     def _action_force(self, moves: Tensor | None) -> Tensor:
-        """``[2, N, E]`` force of the move actions ``[E, movable agents]``."""
+        """``[2, N, E]`` force of the move actions ``[E, movable agents]`` (int64 moves) or
+        ``[E, movable agents, 5]`` (continuous components, float32)."""
         n, e = self.world.num_agents, self.num_envs
         if moves is None:
             return torch.zeros(2, n, e, device=self.device)
-        # Gather in the actions' own [E, m] order, then view it as [2, m, E] (no transpose copy).
         m = moves.shape[1]
-        force = self._move_force.index_select(1, moves.reshape(-1)).view(2, e, m).transpose(1, 2)
+        if self.continuous_actions:
+            # mpe2's _set_action: u = sensitivity * (a[2] - a[1], a[4] - a[3]); a[0] is unused.
+            push = torch.stack((moves[..., 2] - moves[..., 1], moves[..., 4] - moves[..., 3]))
+            force = push.mul_(SENSITIVITY).transpose(1, 2)  # [2, E, m] -> [2, m, E]
+        else:
+            # Gather in the actions' own [E, m] order, then view it as [2, m, E] (no transpose
+            # copy).
+            force = (
+                self._move_force.index_select(1, moves.reshape(-1)).view(2, e, m).transpose(1, 2)
+            )
         if self._all_movable:
             return force
         full = torch.zeros(2, n, e, device=self.device)
@@ -391,13 +487,20 @@ class ParticleEnv(BatchedEnv):
         return force
 
     def _set_messages(self, messages: Tensor) -> None:
-        """A speaking agent's message becomes the one-hot of its message action."""
-        onehot = (self._msg_values == messages.t().unsqueeze(0)).to(torch.float32)
+        """A speaking agent's message becomes the one-hot of its message action ``[E, s]``, or
+        with ``continuous_actions`` its message components ``[E, s, dim_c]`` as they are (mpe2's
+        ``_set_action`` and ``World.update_agent_state`` copy them into the comm state)."""
+        if self.continuous_actions:
+            # A copy in the internal [c, s, E] layout: the state must not alias the caller's
+            # action tensor.
+            said = messages.permute(2, 1, 0).clone(memory_format=torch.contiguous_format)
+        else:
+            said = (self._msg_values == messages.t().unsqueeze(0)).to(torch.float32)
         if self._all_speak:
-            self._state["agent_comm"] = onehot
+            self._state["agent_comm"] = said
         else:
             comm = torch.zeros_like(self._state["agent_comm"])
-            self._state["agent_comm"] = comm.index_copy_(1, self._speak_idx, onehot)
+            self._state["agent_comm"] = comm.index_copy_(1, self._speak_idx, said)
 
     def _reset_envs(self, mask: Tensor | None) -> None:
         """Draw a fresh episode for every env and keep it where ``mask`` ``[E]`` is True (all

@@ -18,6 +18,14 @@ def check_int(env: str, name: str, value: Any, low: int = 0) -> int:
     return value
 
 
+def check_bool(env: str, name: str, value: Any) -> bool:
+    """``value`` if it is a ``bool``; ``EnvError`` otherwise (``1`` or ``"true"`` are refused so
+    that a config typo cannot switch a mode silently)."""
+    if not isinstance(value, bool):
+        raise EnvError(f"{env}: {name} must be true or false, got {value!r}")
+    return value
+
+
 def check_unit_interval(env: str, name: str, value: Any) -> float:
     """``value`` as a float in ``[0, 1]``; ``EnvError`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:

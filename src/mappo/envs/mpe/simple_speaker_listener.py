@@ -6,8 +6,21 @@ itself and the speaker's message of the same step, and moves. Agents have size 0
 0.04; nothing collides. Reset order as in the paper's MPE: the goal landmark is drawn first, then
 agent positions and landmark positions, all uniform in ``[-1, 1]^2``.
 
-Both agents' own reward is ``-|p_listener - p_goal|^2``; the collaborative world gives each agent
-the sum over the two agents, i.e. twice that.
+Both agents' own reward is ``-|p_listener - p_goal|^2``. With ``reward="paper"`` (default) the
+collaborative world gives each agent the sum over the two agents, i.e. twice that; with
+``reward="pettingzoo"`` each agent gets its own reward, as mpe2's ``simple_speaker_listener_v4``
+(which sets no ``local_ratio`` and does not sum).
+
+Actions: the speaker's ``Discrete(3)`` message and the listener's ``Discrete(5)`` move (the
+paper's signs: 1 +x, 2 -x, 3 +y, 4 -y), or with ``continuous_actions=True`` mpe2's boxes, float32
+in ``[0, 1]``: the speaker ``Box(0, 1, (3,))`` (``[E, 1, 3]``), its message, which becomes its
+communication state as it is, so the listener observes these 3 numbers instead of a one-hot; the
+listener ``Box(0, 1, (5,))`` (``[E, 1, 5]``), components ``[no-op, -x, +x, -y, +y]`` with the
+force ``5 * (a[2] - a[1], a[4] - a[3])`` in world units (``a[0]`` has no effect; mpe2's
+``SimpleEnv._set_action``). ``physics="pettingzoo"`` integrates in mpe2's order (see
+:mod:`mappo.envs.mpe.core`); with it, ``reward="pettingzoo"`` and continuous actions the env
+matches ``mpe2.simple_speaker_listener_v4.env(continuous_actions=True)`` step for step from the
+same state.
 
 Episode statistics, reported every step and read at the step that ends the episode:
 ``goal_distance`` (listener to goal landmark at that step) and ``goal_reached`` (1 when that
@@ -19,19 +32,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mappo.envs.base import ActionSpec, EnvSpec, GroupSpec
+from mappo.envs.base import EnvSpec, GroupSpec
 from mappo.envs.mpe.core import ParticleEnv, StateField, WorldSpec
-from mappo.envs.mpe.params import check_int
+from mappo.envs.mpe.params import check_choice, check_int
 
 LANDMARK_COLORS = ((0.65, 0.15, 0.15), (0.15, 0.65, 0.15), (0.15, 0.15, 0.65))
 GOAL_RADIUS = 0.1
 """The goal counts as reached when the listener is closer than this."""
+REWARD_CONVENTIONS = ("paper", "pettingzoo")
 
 
 class SimpleSpeakerListener(ParticleEnv):
     """Batched ``simple_speaker_listener``: groups ``speaker`` (``speaker_0``, observation 3,
-    ``Discrete(3)`` message) and ``listener`` (``listener_0``, observation 11, ``Discrete(5)``
-    move). Global state: ``[speaker obs, listener obs]`` (14 floats)."""
+    ``Discrete(3)`` message or a box ``[0, 1]^3``) and ``listener`` (``listener_0``, observation
+    11, ``Discrete(5)`` move or a box ``[0, 1]^5``; boxes with ``continuous_actions``, see the
+    module docstring). Global state: ``[speaker obs, listener obs]`` (14 floats)."""
 
     name = "mpe/simple_speaker_listener"
 
@@ -42,14 +57,23 @@ class SimpleSpeakerListener(ParticleEnv):
         seed: int = 0,
         *,
         episode_length: int = 25,
+        reward: str = "paper",
+        continuous_actions: bool = False,
+        physics: str = "paper",
     ) -> None:
+        """``reward``, ``continuous_actions`` and ``physics`` as in the module docstring."""
         limit = check_int(self.name, "episode_length", episode_length, low=1)
-        super().__init__(num_envs, device, seed)
+        self.reward_convention = check_choice(self.name, "reward", reward, REWARD_CONVENTIONS)
+        super().__init__(
+            num_envs, device, seed, continuous_actions=continuous_actions, physics=physics
+        )
         m, dim_c = len(LANDMARK_COLORS), 3
+        speaker = self._action_spec(moves=False, dim_c=dim_c)
+        listener = self._action_spec(moves=True, dim_c=0)
         self.spec = EnvSpec(
             groups={
-                "speaker": GroupSpec(("speaker_0",), (3,), ActionSpec((dim_c,))),
-                "listener": GroupSpec(("listener_0",), (2 + 2 * m + dim_c,), ActionSpec((5,))),
+                "speaker": GroupSpec(("speaker_0",), (3,), speaker),
+                "listener": GroupSpec(("listener_0",), (2 + 2 * m + dim_c,), listener),
             },
             state_shape=(3 + 2 + 2 * m + dim_c,),
             episode_limit=limit,
@@ -87,7 +111,9 @@ class SimpleSpeakerListener(ParticleEnv):
         return {"goal_landmark": goal}
 
     def _split_actions(self, actions: dict[str, Tensor]) -> tuple[Tensor | None, Tensor | None]:
-        return actions["listener"][..., 0], actions["speaker"][..., 0]
+        moves, _ = self._move_and_message(actions["listener"], moves=True, speaks=False)
+        _, messages = self._move_and_message(actions["speaker"], moves=False, speaks=True)
+        return moves, messages
 
     def _observe(self) -> tuple[dict[str, Tensor], Tensor]:
         s = self._state
@@ -109,10 +135,12 @@ class SimpleSpeakerListener(ParticleEnv):
         goal = self._state["goal_landmark"].view(1, 1, -1).expand(1, 2, -1)
         to_goal = self._lm_rel.gather(0, goal)[0]  # [2, E]
         dist2 = to_goal[0].square() + to_goal[1].square()
-        shared = dist2.mul(-2.0).unsqueeze(1)
+        # The paper sums the two agents' equal rewards; mpe2 gives each its own.
+        scale = -2.0 if self.reward_convention == "paper" else -1.0
+        reward = dist2.mul(scale).unsqueeze(1)
         dist = dist2.sqrt()
         stats = {"goal_distance": dist, "goal_reached": (dist < GOAL_RADIUS).to(torch.float32)}
-        return {"speaker": shared, "listener": shared.clone()}, stats
+        return {"speaker": reward, "listener": reward.clone()}, stats
 
     def _render_info(
         self, env_index: int
@@ -120,7 +148,5 @@ class SimpleSpeakerListener(ParticleEnv):
         goal = int(self._state["goal_landmark"][env_index])
         # As the reference renderer: grey speaker, listener in its goal's colour lightened.
         listener = tuple(min(1.0, c + 0.45) for c in LANDMARK_COLORS[goal])
-        comm = self._state["agent_comm"][:, 0, env_index]
-        said = str(int(comm.argmax())) if bool(comm.any()) else "-"
-        lines = [f"speaker_0 says {said}", f"goal: landmark {goal}"]
+        lines = [f"speaker_0 says {self._said(0, env_index)}", f"goal: landmark {goal}"]
         return [(0.25, 0.25, 0.25), listener], list(LANDMARK_COLORS), lines

@@ -14,6 +14,15 @@ Rewards:
   ``(1 - local_ratio) * global + local_ratio * local_i`` with ``global = -sum_l min_a |p_a - p_l|``
   and ``local_i = -#{other agents colliding with i}``.
 
+Actions: ``Discrete(5)`` moves in the paper's signs (1 +x, 2 -x, 3 +y, 4 -y), or with
+``continuous_actions=True`` mpe2's ``Box(0, 1, (5,))`` per agent, float32 ``[E, N, 5]``: components
+``[no-op, -x, +x, -y, +y]`` in ``[0, 1]``, the force ``5 * (a[2] - a[1], a[4] - a[3])`` in world
+units (mass 1, so also the acceleration); ``a[0]`` has no effect (mpe2's
+``SimpleEnv._set_action``). ``physics="pettingzoo"`` integrates in mpe2's order (see
+:mod:`mappo.envs.mpe.core`); with it, ``reward="pettingzoo"`` and continuous actions the env matches
+``mpe2.simple_spread_v3.env(continuous_actions=True)`` step for step from the same state.
+Observations, rewards and statistics do not depend on the action type.
+
 Episode statistics (from the scenario's benchmark data), reported every step for the episode so
 far and read at the step that ends it: ``occupied_landmarks`` (landmarks with an agent closer than
 0.1, at the last step), ``collisions`` (pairs of distinct agents in contact, summed over the
@@ -26,7 +35,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mappo.envs.base import ActionSpec, EnvError, EnvSpec, GroupSpec
+from mappo.envs.base import EnvError, EnvSpec, GroupSpec
 from mappo.envs.mpe.core import ParticleEnv, StateField, WorldSpec
 from mappo.envs.mpe.params import check_choice, check_int, check_unit_interval
 
@@ -40,8 +49,9 @@ class SimpleSpread(ParticleEnv):
 
     Observation of agent ``i`` (``4 + 2L + 4(N-1)`` floats): ``[vel_i, pos_i, pos_l - pos_i for
     each landmark, pos_j - pos_i for each other agent j, c_j for each other agent j]`` (the
-    messages ``c_j`` are zeros: agents are silent). Action: ``Discrete(5)`` move. Global state:
-    the agents' observations concatenated in agent order.
+    messages ``c_j`` are zeros: agents are silent). Action: ``Discrete(5)`` move, or with
+    ``continuous_actions`` a box ``[0, 1]^5`` (see the module docstring). Global state: the
+    agents' observations concatenated in agent order.
     """
 
     name = "mpe/simple_spread"
@@ -58,9 +68,12 @@ class SimpleSpread(ParticleEnv):
         reward: str = "paper",
         local_ratio: float | None = None,
         episode_length: int = 25,
+        continuous_actions: bool = False,
+        physics: str = "paper",
     ) -> None:
         """``num_landmarks`` defaults to ``num_agents``; ``local_ratio`` (default 0.5) applies
-        only to ``reward="pettingzoo"``."""
+        only to ``reward="pettingzoo"``; ``continuous_actions`` and ``physics`` as in the module
+        docstring."""
         n = check_int(self.name, "num_agents", num_agents, low=1)
         m = n if num_landmarks is None else check_int(self.name, "num_landmarks", num_landmarks)
         check_choice(self.name, "reward", reward, REWARD_CONVENTIONS)
@@ -76,7 +89,9 @@ class SimpleSpread(ParticleEnv):
             else check_unit_interval(self.name, "local_ratio", local_ratio)
         )
         limit = check_int(self.name, "episode_length", episode_length, low=1)
-        super().__init__(num_envs, device, seed)
+        super().__init__(
+            num_envs, device, seed, continuous_actions=continuous_actions, physics=physics
+        )
         dim_c = 2
         self.obs_dim = 4 + 2 * m + (2 + dim_c) * (n - 1)
         self.spec = EnvSpec(
@@ -84,7 +99,7 @@ class SimpleSpread(ParticleEnv):
                 "agents": GroupSpec(
                     agents=tuple(f"agent_{i}" for i in range(n)),
                     obs_shape=(self.obs_dim,),
-                    action=ActionSpec((5,)),
+                    action=self._action_spec(moves=True, dim_c=0),
                 )
             },
             state_shape=(n * self.obs_dim,),
@@ -125,7 +140,8 @@ class SimpleSpread(ParticleEnv):
         return {"episode_collisions": torch.zeros(self.num_envs, device=self.device)}
 
     def _split_actions(self, actions: dict[str, Tensor]) -> tuple[Tensor | None, Tensor | None]:
-        return actions["agents"][..., 0], None
+        moves, _ = self._move_and_message(actions["agents"], moves=True, speaks=False)
+        return moves, None
 
     def _observe(self) -> tuple[dict[str, Tensor], Tensor]:
         s = self._state
