@@ -328,3 +328,26 @@ def test_the_pettingzoo_view_offers_box_actions() -> None:
     view.reset(seed=0)
     obs, *_ = view.step({"mover_0": np.array([1.0]), "mover_1": np.array([-1.0]), "pointer_0": 1})
     assert obs["mover_0"].shape == (2,)
+
+
+def test_the_python_example_in_the_docs_runs() -> None:
+    text = (Path(__file__).parents[1] / "docs" / "continuous.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "continuous.md", "exec"), {})
+
+
+def test_the_continuous_spread_preset_trains(tmp_path: Path) -> None:
+    run = train(
+        "mpe/simple_spread_continuous",
+        {
+            "env.num_envs": 8,
+            "total_env_steps": 8 * 25 * 2,
+            "eval_episodes": 4,
+            "progress": False,
+            "run_dir": str(tmp_path),
+        },
+    )
+    assert run.policy.actors["agents"].continuous
+    assert math.isfinite(run.summary["eval_return_mean"])
