@@ -17,3 +17,5 @@ for preset in mpe/simple_spread mpe/simple_spread_mappo mpe/simple_spread_fast \
 done
 python "$(dirname "$0")/adapter_overhead.py" --json > "$out/adapter_overhead.json"
 python "$(dirname "$0")/sweep_overhead.py" --steps 450000 > "$out/sweep_overhead.json"
+python "$(dirname "$0")/vmas_throughput.py" --scenario navigation balance --json \
+    > "$out/vmas_throughput.json"
