@@ -351,3 +351,43 @@ def test_the_continuous_spread_preset_trains(tmp_path: Path) -> None:
     )
     assert run.policy.actors["agents"].continuous
     assert math.isfinite(run.summary["eval_return_mean"])
+
+
+def test_box_bounds_from_arrays_and_the_edges_of_tanh() -> None:
+    from mappo.data import GroupSpec
+
+    bounds = np.array([[-1.0, 0.0], [0.5, 2.0]])
+    assert ActionSpec.box(bounds, 3.0) == ActionSpec(low=(-1.0, 0.0, 0.5, 2.0), high=(3.0,) * 4)
+    assert ActionSpec.box(torch.tensor(0.0), torch.ones(2)).low == (0.0, 0.0)
+    with pytest.raises(ValueError, match="no action mask"):
+        GroupSpec(("a",), (2,), ActionSpec.box(0.0, [1.0]), has_action_mask=True)
+    # A zero-width component cannot be squashed into; the float maximum as a bound can.
+    assert not ActionSpec.box([0.0, 1.0], [0.0, 2.0]).bounded
+    big = np.finfo(np.float32).max
+    huge = DiagGaussian(
+        torch.zeros(3, 1), torch.zeros(1), torch.tensor([-big]), torch.tensor([big]), "tanh"
+    )
+    u = torch.tensor([[-3.0], [0.0], [3.0]])
+    assert torch.isfinite(huge.to_env(u)).all() and torch.isfinite(huge.log_prob(u)).all()
+    cfg = C.load(None, {**REACH, "model.action_bounds": "tanh"})
+    with pytest.raises(ConfigError, match="high > low"):
+        ActorCritic(ReachEnv(2, low=0.0, high=0.0).spec, cfg.model, cfg.algo)
+    cfg = C.load(None, {**REACH, "model.log_std_init": 5.0})
+    with pytest.raises(ConfigError, match="log_std_init"):
+        ActorCritic(ReachEnv(2).spec, cfg.model, cfg.algo)
+
+
+def test_a_float64_box_gets_actions_inside_its_own_bounds() -> None:
+    from gymnasium import spaces
+
+    from mappo.envs.adapters._worker import _Slot, describe_agent
+
+    box = spaces.Box(np.array([0.1, -0.3]), np.array([0.7, 0.1]), dtype=np.float64)
+    desc = describe_agent("agent_0", spaces.Box(-1, 1, (3,)), box)
+    slot = _Slot("agents", 0, desc, None)
+    # The policy's float32 bounds, rounded outward, cast back to float64.
+    row = [float(np.float32(0.7)), float(np.float32(-0.3))]
+    action = slot.env_action(row)
+    assert action.dtype == np.float64 and box.contains(action)
+    with pytest.raises(ValueError, match="floating Box"):
+        describe_agent("agent_0", spaces.Box(-1, 1, (3,)), spaces.Box(0, 5, (2,), dtype=np.int64))

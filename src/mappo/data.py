@@ -12,6 +12,7 @@ action).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,11 +59,15 @@ class ActionSpec:
 
     @classmethod
     def box(cls, low: Any, high: Any) -> ActionSpec:
-        """A continuous space from bounds (sequences of equal length, or scalars with
-        ``high`` a sequence giving the dimension)."""
-        hi = [float(x) for x in (high if hasattr(high, "__len__") else [high])]
-        lo = [float(x) for x in (low if hasattr(low, "__len__") else [low] * len(hi))]
-        return cls(low=tuple(lo), high=tuple(hi))
+        """A continuous space from bounds: numbers, sequences, arrays or tensors of any shape
+        (flattened in C order); a single ``low`` or ``high`` is broadcast to the other's size."""
+        lo = torch.as_tensor(low, dtype=torch.float64).reshape(-1)
+        hi = torch.as_tensor(high, dtype=torch.float64).reshape(-1)
+        if lo.numel() == 1:
+            lo = lo.expand_as(hi)
+        if hi.numel() == 1:
+            hi = hi.expand_as(lo)
+        return cls(low=tuple(lo.tolist()), high=tuple(hi.tolist()))
 
     @property
     def continuous(self) -> bool:
@@ -85,10 +90,13 @@ class ActionSpec:
 
     @property
     def bounded(self) -> bool:
-        """Continuous with finite bounds on every side (tanh squashing needs it)."""
-        return self.continuous and all(
-            abs(x) != float("inf")
-            for x in (*self.low, *self.high)  # type: ignore[misc]
+        """Continuous with finite bounds and a positive width on every component (what tanh
+        squashing needs)."""
+        if self.low is None or self.high is None:
+            return False
+        return all(
+            math.isfinite(lo) and math.isfinite(hi) and hi > lo
+            for lo, hi in zip(self.low, self.high, strict=True)
         )
 
 
@@ -102,6 +110,13 @@ class GroupSpec:
     has_action_mask: bool = False
     agent_state_shape: tuple[int, ...] | None = None
     """Shape of the agent-specific global state (the MAPPO paper's "AS" state), if any."""
+
+    def __post_init__(self) -> None:
+        if self.action.continuous and self.has_action_mask:
+            raise ValueError(
+                f"agents {list(self.agents)} act in a continuous box, which has no action mask; "
+                "set has_action_mask=False"
+            )
 
     @property
     def num_agents(self) -> int:
@@ -276,7 +291,7 @@ class GroupBuffer:
     critic_x: Tensor  # [T, E, C, in]
     actor_state: Tensor  # [T, E, n, S_a]  recurrent state *before* step t (pre-reset)
     critic_state: Tensor  # [T, E, C, S_c]
-    actions: Tensor  # [T, E, n, k] int64
+    actions: Tensor  # [T, E, n, k] int64, or [T, E, n, d] float32 for a box
     log_probs: Tensor  # [T, E, n]
     values: Tensor  # [T + 1, E, C] normalised critic outputs
     rewards: Tensor  # [T, E, n]
@@ -311,7 +326,7 @@ class EpisodeBatch:
     obs: dict[str, Tensor]  # [L+1, B, n, *obs_shape] float32 per group
     action_mask: dict[str, Tensor]  # [L+1, B, n, A] bool, groups with masks only
     alive: dict[str, Tensor]  # [L+1, B, n] bool
-    actions: dict[str, Tensor]  # [L+1, B, n, k] int64 (zeros from index T on)
+    actions: dict[str, Tensor]  # [L+1, B, n, k] int64 / [.., d] float32 (zeros from T on)
     state: Tensor  # [L+1, B, *state_shape]
     reward: Tensor  # [L+1, B] team reward of step t: the mean over all agents' rewards
     terminated: Tensor  # [L+1, B] bool: the episode reached a terminal state after step t

@@ -19,7 +19,8 @@ from torch import Tensor
 from mappo.envs.base import ActionSpec, BatchedEnv, EnvError, EnvStep
 
 ActFn = Callable[[EnvStep], dict[str, Tensor]]
-"""``act_fn(step) -> actions``: per group ``[E, n, k]`` int64 for the observations of ``step``."""
+"""``act_fn(step) -> actions``: per group ``[E, n, k]`` int64 (``[E, n, d]`` float32 for a box)
+for the observations of ``step``."""
 
 
 @torch.no_grad()

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from mappo.acting import GroupAct
-from mappo.config import AlgoConfig, ModelConfig
+from mappo.config import AlgoConfig, ConfigError, ModelConfig
 from mappo.data import EnvSpec, EnvStep, GroupSpec
 from mappo.nn.distributions import DiagGaussian, MultiCategorical
 from mappo.nn.layers import MLP, AgentLinear, RecurrentCore
@@ -84,10 +84,16 @@ class Actor(nn.Module):
         self.register_buffer("eye", torch.eye(n), persistent=False)
         if self.continuous:
             if cfg.action_bounds == "tanh" and not group.action.bounded:
-                raise ValueError(
-                    f"model.action_bounds=tanh needs finite action bounds, but agents "
-                    f"{list(group.agents)} act in the box low={group.action.low} "
+                raise ConfigError(
+                    f"model.action_bounds=tanh needs finite action bounds with high > low, but "
+                    f"agents {list(group.agents)} act in the box low={group.action.low} "
                     f"high={group.action.high}; use model.action_bounds=clip"
+                )
+            if not _LOG_STD_MIN <= cfg.log_std_init <= _LOG_STD_MAX:
+                raise ConfigError(
+                    f"model.log_std_init={cfg.log_std_init} is outside [{_LOG_STD_MIN}, "
+                    f"{_LOG_STD_MAX}] (std {math.exp(_LOG_STD_MIN):.1e} to "
+                    f"{math.exp(_LOG_STD_MAX):.1f}); choose a value inside"
                 )
             self.bounds = cfg.action_bounds
             self.register_buffer("low", torch.tensor(group.action.low), persistent=False)
@@ -127,10 +133,11 @@ class Actor(nn.Module):
             return MultiCategorical(out, self.nvec, mask), state
         if self.state_dependent_std:
             mean, log_std = out.chunk(2, dim=-1)
-            # Bounds keep exp() finite and the std from collapsing to 0 (a NaN log-prob).
-            log_std = log_std.clamp(_LOG_STD_MIN, _LOG_STD_MAX)
         else:
             mean, log_std = out, self.log_std
+        # Bounds keep exp() finite and the std from collapsing to 0 (a NaN log-prob), and stop
+        # an entropy bonus from widening the std without end once tanh actions saturate.
+        log_std = log_std.clamp(_LOG_STD_MIN, _LOG_STD_MAX)
         return DiagGaussian(mean, log_std, self.low, self.high, self.bounds), state
 
 

@@ -211,6 +211,11 @@ class DiagGaussian:
     def std(self) -> Tensor:
         return self.log_std.exp()
 
+    @property
+    def _half_span(self) -> Tensor:
+        """``(high - low) / 2``, computed so that bounds near the float maximum do not overflow."""
+        return self.high / 2.0 - self.low / 2.0
+
     def sample(self, generator: torch.Generator | None = None) -> Tensor:
         """``[..., d]`` pre-squash actions ``u = mean + std * z``, ``z`` drawn from
         ``generator`` only (torch's global RNG when ``None``)."""
@@ -237,7 +242,7 @@ class DiagGaussian:
             # log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)): exact and finite for any u,
             # where 1 - tanh(u)^2 underflows to 0 already at |u| ~ 9 in float32.
             log_dtanh = 2.0 * (math.log(2.0) - actions - F.softplus(-2.0 * actions))
-            logp = logp - log_dtanh - torch.log((self.high - self.low) / 2.0)
+            logp = logp - log_dtanh - torch.log(self._half_span)
         return logp.sum(-1)
 
     def entropy(self) -> Tensor:
@@ -248,5 +253,5 @@ class DiagGaussian:
         """``[..., d]`` the actions the env receives: ``u`` clipped to the box, or squashed."""
         if self.bounds == "tanh":
             # The clip after squashing only catches rounding one ulp past a bound.
-            actions = self.low + (torch.tanh(actions) + 1.0) * ((self.high - self.low) / 2.0)
+            actions = self.low + (torch.tanh(actions) + 1.0) * self._half_span
         return torch.maximum(torch.minimum(actions, self.high), self.low)

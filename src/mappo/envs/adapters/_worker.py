@@ -213,6 +213,11 @@ def describe_agent(agent: str, obs_space: Any, act_space: Any) -> dict[str, Any]
         high = np.asarray(act_space.high, dtype=np.float64).reshape(-1)
         if low.size == 0:
             raise ValueError(f"agent '{agent}' has an empty Box action space {act_space}")
+        if not np.issubdtype(act_space.dtype, np.floating):
+            raise ValueError(
+                f"agent '{agent}' has a Box action space of dtype {act_space.dtype}; continuous "
+                "actions need a floating Box (use Discrete or MultiDiscrete for integers)"
+            )
         box = (low.tolist(), high.tolist())
     elif isinstance(act_space, spaces.Discrete):
         act_kind, nvec, start = "discrete", (int(act_space.n),), int(act_space.start)
@@ -343,6 +348,8 @@ class _Slot:
         "kind",
         "act_shape",
         "act_dtype",
+        "act_low",
+        "act_high",
         "start",
     )
 
@@ -363,6 +370,11 @@ class _Slot:
         self.discrete = self.kind == "discrete"
         self.act_shape: tuple[int, ...] | None = desc["act_shape"]
         self.act_dtype = np.dtype(desc["act_dtype"]) if desc["act_dtype"] else None
+        self.act_low = self.act_high = None
+        if desc["box"] is not None:
+            shape, dtype = self.act_shape, self.act_dtype
+            self.act_low = np.asarray(desc["box"][0], dtype=dtype).reshape(shape)
+            self.act_high = np.asarray(desc["box"][1], dtype=dtype).reshape(shape)
         self.start = (
             desc["act_start"] if self.kind in ("discrete", "box") else np.asarray(desc["act_start"])
         )
@@ -373,7 +385,10 @@ class _Slot:
         if self.discrete:
             return row[0] + self.start
         if self.kind == "box":
-            return np.asarray(row, dtype=self.act_dtype).reshape(self.act_shape)
+            # Clipped again in the box's own dtype: float32 bounds rounded outward by the policy
+            # would otherwise put an action a hair outside a float64 box.
+            action = np.asarray(row, dtype=self.act_dtype).reshape(self.act_shape)
+            return np.clip(action, self.act_low, self.act_high)
         return np.asarray(row, dtype=np.int64) + self.start
 
 
