@@ -295,6 +295,12 @@ class TrainConfig:
         low=0,
         high=1024,
     )
+    compile: str = _field(
+        "off",
+        "torch.compile the rollout step and the loss (mappo): 'off' (eager, the reference), "
+        "'on', or 'auto' (on CUDA only; the CPU gains are measured in BENCHMARKS.md).",
+        choices=("off", "on", "auto"),
+    )
     eval_interval: int = _field(
         25, "Evaluate every this many updates (0 = only at the end).", low=0
     )
@@ -457,6 +463,13 @@ def _coerce(key: str, value: Any, cfg: TrainConfig) -> Any:
         if not math.isfinite(value):
             raise fail("a finite number")
     elif hint is str:
+        if (
+            isinstance(value, bool)
+            and meta.get("choices")
+            and {"on", "off"} <= set(meta["choices"])
+        ):
+            # YAML 1.1 reads the words on/off as booleans.
+            value = "on" if value else "off"
         if not isinstance(value, str):
             raise fail("a string")
     elif hint is list:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mappo.acting import act
+from mappo.acting import Acted
 from mappo.data import EnvStep, GroupBuffer, Rollout, step_from_dict, step_to_dict
 from mappo.envs.base import BatchedEnv
 from mappo.nn.actor_critic import ActorCritic
@@ -126,6 +126,50 @@ def allocate(policy: ActorCritic, env: BatchedEnv, length: int, bootstrap: bool)
     return Rollout(groups, *flags)
 
 
+def policy_step(
+    policy: ActorCritic,
+    step: EnvStep,
+    actor_states: dict[str, Tensor],
+    critic_states: dict[str, Tensor],
+    starts: Tensor,
+    noise: dict[str, Tensor],
+) -> tuple[Acted, dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
+    """One step of data collection for every group, a pure function of its inputs (the compiled
+    path compiles it as one graph): actions sampled with ``noise``
+    (:meth:`~mappo.nn.actor_critic.ActorCritic.draw_noise`), the critic inputs ``[E, C, in]``
+    and, for recurrent critics, their values ``[E, C]`` and next states (other critics' states
+    pass through; their values are computed after the rollout in one call).
+
+    ``starts [E]`` bool marks envs whose episode begins at this step.
+    """
+    acted = Acted({}, {}, {}, {})
+    critic_x, values, new_critic = {}, {}, {}
+    for name, state in actor_states.items():
+        out = policy.act_group(
+            name,
+            step.obs[name],
+            state,
+            starts,
+            step.action_mask.get(name),
+            False,
+            None,
+            noise=noise[name],
+        )
+        acted.actions[name] = out.actions
+        acted.env_actions[name] = out.actions if out.env_actions is None else out.env_actions
+        acted.states[name] = out.state
+        acted.log_probs[name] = out.log_prob
+        x = policy.critic_input(name, step)
+        critic_x[name] = x
+        critic = policy.critics[name]
+        if critic.state_size > 0:
+            value, new_critic[name] = critic(x.unsqueeze(0), critic_states[name], starts[None])
+            values[name] = value[0]
+        else:
+            new_critic[name] = critic_states[name]
+    return acted, critic_x, values, new_critic
+
+
 @dataclass
 class Collector:
     """Steps an env with a policy and fills a :class:`Rollout`; keeps the state between calls.
@@ -145,6 +189,8 @@ class Collector:
     starts: Tensor
     tracker: EpisodeTracker
     bootstrap: bool = False
+    step_fn: Any = None
+    """:func:`policy_step` or its compiled form (``None``: the function itself)."""
 
     @torch.no_grad()
     def collect(self) -> Rollout:
@@ -154,9 +200,10 @@ class Collector:
         the loop in one batched call over all ``T + 1`` steps instead of ``T + 1`` small ones.
         """
         ro, policy = self.rollout, self.policy
-        T = ro.starts.shape[0]
+        T, E = ro.starts.shape
         stepwise = {name: policy.critics[name].state_size > 0 for name in ro.groups}
         final_x: dict[str, list[Tensor]] = {name: [] for name in ro.groups}
+        step_fn = self.step_fn or policy_step
         for t in range(T):
             ro.starts[t] = self.starts
             starts = self.starts.unsqueeze(0)
@@ -166,27 +213,19 @@ class Collector:
                 if buf.action_mask is not None:
                     buf.action_mask[t] = self.step.action_mask[name]
                 buf.actor_state[t] = self.actor_states[name]
-            acted = act(
-                policy,
-                self.step.obs,
-                self.step.action_mask,
-                self.actor_states,
-                self.starts,
-                greedy=False,
-                generator=self.generator,
-            )
-            self.actor_states = acted.states
-            actions = acted.actions
-            for name, buf in ro.groups.items():
-                buf.actions[t] = actions[name]
-                buf.log_probs[t] = acted.log_probs[name]
-                buf.critic_x[t] = policy.critic_input(name, self.step)
                 if stepwise[name]:
                     buf.critic_state[t] = self.critic_states[name]
-                    value, self.critic_states[name] = policy.critics[name](
-                        buf.critic_x[t : t + 1], self.critic_states[name], starts
-                    )
-                    buf.values[t] = value[0]
+            noise = policy.draw_noise(E, self.generator)
+            acted, critic_x, values, self.critic_states = step_fn(
+                policy, self.step, self.actor_states, self.critic_states, self.starts, noise
+            )
+            self.actor_states = acted.states
+            for name, buf in ro.groups.items():
+                buf.actions[t] = acted.actions[name]
+                buf.log_probs[t] = acted.log_probs[name]
+                buf.critic_x[t] = critic_x[name]
+                if stepwise[name]:
+                    buf.values[t] = values[name]
             self.step = self.env.step(acted.env_actions)
             self.tracker.record(self.step)
             for name, buf in ro.groups.items():

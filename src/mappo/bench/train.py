@@ -80,13 +80,15 @@ def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> d
     the update's FLOP rate."""
     cfg.progress = False
     trainer = Trainer(cfg)
+    compiled = 0.0
     for _ in range(warmup):
-        trainer.iterate()
+        compiled = trainer.iterate().get("compile_seconds", 0.0)
     env_time = _timed_steps(trainer)
     rollout = upd = 0.0
     steps_before = trainer.env_steps
     for _ in range(iterations):
         r = trainer.iterate()
+        compiled = r.get("compile_seconds", compiled)
         rollout += r["rollout_seconds"]
         upd += r["update_seconds"]
     steps = trainer.env_steps - steps_before
@@ -119,6 +121,8 @@ def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> d
         "update_flop_rate": achieved,
         "matmul_flop_rate": mm,
         "update_share_of_matmul_rate": achieved / mm if mm > 0 else 0.0,
+        "compile": cfg.compile,
+        "compile_seconds": compiled,
         "torch_threads": torch.get_num_threads(),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
     }
@@ -147,4 +151,6 @@ def format_report(r: dict[str, Any]) -> str:
             f"  matmul FLOP rate   {r['matmul_flop_rate'] / 1e9:8.2f} GFLOP/s "
             f"(update reaches {100 * r['update_share_of_matmul_rate']:.1f}%)",
         ]
+    if r.get("compile") not in (None, "off"):
+        lines.append(f"  compile={r['compile']}: {r['compile_seconds']:.1f} s compiling")
     return "\n".join(lines)

@@ -12,11 +12,12 @@ from typing import Any
 
 import torch
 
-from mappo.algos.mappo import Optimizers, make_samples, update
+from mappo.algos.mappo import Optimizers, loss_terms, make_samples, update
+from mappo.compiled import MAX_COMPILED_CHUNK, compile_fn, compile_seconds, wanted
 from mappo.config import TrainConfig
 from mappo.envs.base import BatchedEnv
 from mappo.nn.actor_critic import ActorCritic
-from mappo.rollout import Collector, EpisodeTracker, allocate
+from mappo.rollout import Collector, EpisodeTracker, allocate, policy_step
 
 
 def generator(device: torch.device, seed: int) -> torch.Generator:
@@ -57,6 +58,14 @@ class PPOLearner:
             tracker=EpisodeTracker.create(env.num_envs, env.spec.stat_names, self.device),
             bootstrap=cfg.algo.bootstrap_truncation,
         )
+        # The compiled path (mappo.compiled): the same functions, compiled on first use.
+        self.compiled = wanted(cfg.compile, self.device)
+        self.terms_fn = None
+        if self.compiled:
+            self.collector.step_fn = compile_fn(policy_step, self.device)
+            if not self.recurrent or cfg.algo.data_chunk_length <= MAX_COMPILED_CHUNK:
+                self.terms_fn = compile_fn(loss_terms, self.device)
+        self._compile_start = compile_seconds() if self.compiled else 0.0
 
     @property
     def tracker(self) -> EpisodeTracker:
@@ -73,14 +82,18 @@ class PPOLearner:
         t1 = time.perf_counter()
         self.policy.train()
         samples = make_samples(self.policy, rollout, cfg.algo, self.recurrent)
-        losses = update(self.policy, samples, self.optim, cfg.algo, self.shuffle_gen)
+        losses = update(self.policy, samples, self.optim, cfg.algo, self.shuffle_gen, self.terms_fn)
         t2 = time.perf_counter()
-        return {
+        out = {
             "env_steps": cfg.steps_per_update,
             "rollout_seconds": t1 - t0,
             "update_seconds": t2 - t1,
             **losses,
         }
+        if self.compiled:
+            # Cumulative: compilation happens in the first iterations (and on a new shape).
+            out["compile_seconds"] = compile_seconds() - self._compile_start
+        return out
 
     def schedule_metrics(self) -> dict[str, float]:
         """Learning rates now."""

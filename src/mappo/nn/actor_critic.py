@@ -286,9 +286,11 @@ class ActorCritic(nn.Module):
         greedy: bool,
         generator: torch.Generator | None,
         epsilon: float | None = None,
+        noise: Tensor | None = None,
     ) -> GroupAct:
         """One step of group ``name``'s actor: the mode when ``greedy``, else a sample and its
-        log-probability (``epsilon`` is for Q-agents and ignored here)."""
+        log-probability (``epsilon`` is for Q-agents and ignored here). ``noise`` replaces the
+        sample's draw from ``generator`` (:meth:`draw_noise`)."""
         dist, state = self.actors[name](
             obs.unsqueeze(0),
             state,
@@ -298,10 +300,27 @@ class ActorCritic(nn.Module):
         if greedy:
             action = dist.mode()[0]
             return GroupAct(action, state, env_actions=_to_env(dist, action))
-        action = dist.sample(generator)
+        action = dist.sample(generator, noise)
         return GroupAct(
             action[0], state, dist.log_prob(action)[0], env_actions=_to_env(dist, action[0])
         )
+
+    def draw_noise(self, batch: int, generator: torch.Generator) -> dict[str, Tensor]:
+        """The random numbers that sampling one step of every group for ``batch`` envs draws
+        from ``generator``, in the same order and shapes (uniform for categorical heads
+        ``[1, batch, n, k, max(nvec)]``, standard normal for a box ``[1, batch, n, d]``): handed
+        to :meth:`act_group` as ``noise``, they give exactly the actions of drawing inside it."""
+        out = {}
+        dev = next(self.parameters()).device
+        for name, actor in self.actors.items():
+            n = self.spec.groups[name].num_agents
+            if actor.continuous:
+                shape = (1, batch, n, self.spec.groups[name].action.total)
+                out[name] = torch.randn(shape, generator=generator, device=dev)
+            else:
+                shape = (1, batch, n, len(actor.nvec), max(actor.nvec))
+                out[name] = torch.rand(shape, generator=generator, device=dev)
+        return out
 
 
 def _to_env(dist: Policy, actions: Tensor) -> Tensor | None:

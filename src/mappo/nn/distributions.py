@@ -90,6 +90,7 @@ class MultiCategorical:
         if mask is not None:
             logits = torch.where(mask, logits, fill)
         self._flat_valid: Tensor | None = None
+        self._logp_cache: Tensor | None = None
         if width * k == total:
             # One head, or heads of equal size: the padded layout is a view (a reshape).
             self._logits = logits.reshape(*self.batch_shape, k, width)
@@ -98,9 +99,16 @@ class MultiCategorical:
             padded = logits.index_select(-1, gather).view(*self.batch_shape, k, width)
             self._logits = torch.where(pad_valid, padded, fill)
 
-    @functools.cached_property
+    @property
     def _logp(self) -> Tensor:
-        """``[..., k, M]`` per-head log-probabilities; masked and padding slots ~ ``finfo.min``."""
+        """``[..., k, M]`` per-head log-probabilities; masked and padding slots ~ ``finfo.min``.
+        Computed once (a plain attribute, not ``functools.cached_property``, whose lock
+        ``torch.compile`` cannot trace)."""
+        if self._logp_cache is None:
+            self._logp_cache = self._log_softmax()
+        return self._logp_cache
+
+    def _log_softmax(self) -> Tensor:
         # log_softmax spelled out: on the CPU torch's fused kernel is slow over the tiny last dim
         # of an action head (measured ~3x slower, forward and backward, at 12k rows x 5 actions).
         # The max is detached: the result does not depend on the shift, so the gradient is exact.
@@ -116,15 +124,28 @@ class MultiCategorical:
             p = p.index_select(-1, self._flat_valid)
         return p
 
-    def sample(self, generator: torch.Generator | None = None) -> Tensor:
+    @property
+    def noise_shape(self) -> tuple[int, ...]:
+        """Shape of the uniform noise :meth:`sample` draws: ``[..., k, max(nvec)]``."""
+        return tuple(self._logits.shape)
+
+    def sample(
+        self, generator: torch.Generator | None = None, noise: Tensor | None = None
+    ) -> Tensor:
         """``[..., k]`` int64 actions drawn with the Gumbel-max trick.
 
         ``argmax(logits + g)`` per head, ``g = -log(-log u)``, ``u ~ U[tiny, 1)`` drawn from
-        ``generator`` only (torch's global RNG when ``None``). Clamping ``u`` away from 0 keeps
-        ``g`` finite, so an allowed action can never lose to a masked one (logit ``finfo.min``).
+        ``generator`` only (torch's global RNG when ``None``), or given as ``noise``
+        (``noise_shape``, uniform in [0, 1): the compiled path draws it outside its graph, the
+        same numbers in the same order). Clamping ``u`` away from 0 keeps ``g`` finite, so an
+        allowed action can never lose to a masked one (logit ``finfo.min``).
         """
         z = self._logits
-        u = torch.rand(z.shape, generator=generator, dtype=z.dtype, device=z.device)
+        u = (
+            torch.rand(z.shape, generator=generator, dtype=z.dtype, device=z.device)
+            if noise is None
+            else noise.clone()
+        )
         gumbel = u.clamp_(min=torch.finfo(z.dtype).tiny).log_().neg_().log_().neg_()
         # max(-1).indices: same first-maximum rule as argmax, ~1.5x faster on tiny CPU rows.
         return (z.detach() + gumbel).max(-1).indices
@@ -216,11 +237,23 @@ class DiagGaussian:
         """``(high - low) / 2``, computed so that bounds near the float maximum do not overflow."""
         return self.high / 2.0 - self.low / 2.0
 
-    def sample(self, generator: torch.Generator | None = None) -> Tensor:
+    @property
+    def noise_shape(self) -> tuple[int, ...]:
+        """Shape of the standard normal noise :meth:`sample` draws: ``[..., d]``."""
+        return tuple(self.mean.shape)
+
+    def sample(
+        self, generator: torch.Generator | None = None, noise: Tensor | None = None
+    ) -> Tensor:
         """``[..., d]`` pre-squash actions ``u = mean + std * z``, ``z`` drawn from
-        ``generator`` only (torch's global RNG when ``None``)."""
-        z = torch.randn(
-            self.mean.shape, generator=generator, dtype=self.mean.dtype, device=self.mean.device
+        ``generator`` only (torch's global RNG when ``None``), or given as ``noise``
+        (``noise_shape``, standard normal)."""
+        z = (
+            torch.randn(
+                self.mean.shape, generator=generator, dtype=self.mean.dtype, device=self.mean.device
+            )
+            if noise is None
+            else noise
         )
         return (self.mean + self.std * z).detach()
 

@@ -147,9 +147,20 @@ class RecurrentCore(nn.Module):
         Returns:
             ``([L, *B, C, H]`` outputs, ``[*B, C, state_size]`` final state).
         """
-        if whole_episodes and inject is None and self.input_proj.copies == 1:
-            return self._fused(x, state * (1.0 - starts[0].to(x.dtype))[..., None, None])
+        shared = self.input_proj.copies == 1
+        if whole_episodes and inject is None and shared:
+            out, state = self._fused(x, state * (1.0 - starts[0].to(x.dtype))[..., None, None])
+            return self.norm(out), state
         keep = (1.0 - starts.to(x.dtype)).unsqueeze(-1).unsqueeze(-1)  # [L, *B, 1, 1]
+        if shared and x.shape[0] > 1 and not torch.compiler.is_compiling():
+            # Eager training on sequences: between steps where some row resets, the whole batch
+            # runs in torch's fused kernel (the MAPPO paper's RNNLayer does the same). One host
+            # sync finds those steps; where they are too many, the loop below is cheaper.
+            cuts = starts.reshape(starts.shape[0], -1).any(1)
+            cuts[0] = True
+            where = cuts.nonzero().flatten().tolist()
+            if len(where) <= x.shape[0] // 2:
+                return self._segments(x, state, keep, inject, where)
         # unbind (not projected[t]): its backward is one stack, where indexing would zero-fill
         # a full-size gradient buffer for every time step.
         projected = self.input_proj(x).unbind(0)
@@ -163,10 +174,24 @@ class RecurrentCore(nn.Module):
             outputs.append(out)
         return self.norm(torch.stack(outputs)), state
 
+    def _segments(
+        self, x: Tensor, state: Tensor, keep: Tensor, inject: Tensor | None, cuts: list[int]
+    ) -> tuple[Tensor, Tensor]:
+        """The sequence as runs of steps without resets, each in :meth:`_fused`; the state is
+        reset (``keep [L, *B, 1, 1]``) and injected at each run's first step ``cuts``."""
+        outputs = []
+        for a, b in zip(cuts, [*cuts[1:], x.shape[0]], strict=True):
+            state = state * keep[a]
+            if inject is not None:
+                state = state + inject[a]
+            out, state = self._fused(x[a:b], state)
+            outputs.append(out)
+        return self.norm(torch.cat(outputs) if len(outputs) > 1 else outputs[0]), state
+
     def _fused(self, x: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
-        """The whole sequence in ``torch.gru`` / ``torch.lstm``: their gates come in the order
-        of :meth:`_cell` (r, z, n and i, f, g, o) with the same equations, so the weights are
-        used as they are."""
+        """The whole sequence in ``torch.gru`` / ``torch.lstm`` (outputs before the LayerNorm):
+        their gates come in the order of :meth:`_cell` (r, z, n and i, f, g, o) with the same
+        equations, so the weights are used as they are."""
         L, lead, H = x.shape[0], x.shape[1:-1], self.size
         weights = [
             self.input_proj.weight[0].T,
@@ -186,7 +211,7 @@ class RecurrentCore(nn.Module):
                 seq, (h0.contiguous(), c0.contiguous()), weights, True, 1, 0.0, True, False, False
             )
             new_state = torch.cat([h, c], -1).reshape(*lead, 2 * H)
-        return self.norm(out.reshape(L, *lead, H)), new_state
+        return out.reshape(L, *lead, H), new_state
 
     def _cell(self, gx: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
         if self.kind == "gru":
