@@ -15,6 +15,7 @@ for preset in mpe/simple_spread mpe/simple_spread_mappo mpe/simple_spread_fast \
             > "$out/train_${preset//\//_}_t${threads}.json"
     done
 done
+python "$(dirname "$0")/compiled.py" --rounds 2 --json > "$out/compiled.json"
 python "$(dirname "$0")/adapter_overhead.py" --json > "$out/adapter_overhead.json"
 python "$(dirname "$0")/sweep_overhead.py" --steps 450000 > "$out/sweep_overhead.json"
 python "$(dirname "$0")/vmas_throughput.py" --scenario navigation balance --json \
