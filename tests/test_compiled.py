@@ -67,8 +67,8 @@ def test_compiled_updates_equal_eager(preset, overrides):
 
 
 def test_checkpoints_move_between_compiled_and_eager(tmp_path):
-    """A compiled run resumes eagerly and an eager run resumes compiled, each landing where the
-    uninterrupted run of the other kind lands."""
+    """A compiled run resumes eagerly and an eager run resumes compiled, each landing where an
+    uninterrupted eager run lands."""
     common = {
         **SMALL,
         "total_env_steps": 8 * 16 * 4,
@@ -76,7 +76,10 @@ def test_checkpoints_move_between_compiled_and_eager(tmp_path):
         "eval_interval": 0,
         "eval_episodes": 2,
     }
-    results = {}
+    whole = train(
+        "mpe/simple_spread_jaxmarl_ff", {**common, "compile": "off", "run_dir": str(tmp_path / "w")}
+    )
+    results = {"whole": {k: v.detach() for k, v in whole.policy.state_dict().items()}}
     for first, second in (("on", "off"), ("off", "on")):
         part = train(
             "mpe/simple_spread_jaxmarl_ff",
@@ -88,8 +91,68 @@ def test_checkpoints_move_between_compiled_and_eager(tmp_path):
         resumed = resume(part.dir, {"compile": second})
         assert resumed.config.compile == second
         results[first] = {k: v.detach() for k, v in resumed.policy.state_dict().items()}
-    for k in results["on"]:
-        torch.testing.assert_close(results["on"][k], results["off"][k], rtol=0, atol=ATOL)
+    for k in results["whole"]:
+        for first in ("on", "off"):
+            torch.testing.assert_close(results[first][k], results["whole"][k], rtol=0, atol=ATOL)
+
+
+def test_noise_drawn_outside_gives_the_actions_drawn_inside():
+    """The compiled path draws the sampling noise before the policy step; the actions,
+    log-probabilities and the generator's state afterwards equal drawing inside the sampler,
+    for heads of different sizes (Reference: move 5, message 10) and for a box."""
+    for preset in ("mpe/simple_reference", "mpe/simple_spread_continuous"):
+        cfg = config_mod.load(preset, {"env.num_envs": 4})
+        trainer = Trainer(cfg)
+        policy, step = trainer.policy, trainer.learner.collector.step
+        states = policy.acting_states(4, torch.device("cpu"))
+        starts = torch.ones(4, dtype=torch.bool)
+        inside, outside = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+        noise = policy.draw_noise(4, outside)
+        with torch.no_grad():
+            for name in states:
+                mask = step.action_mask.get(name)
+                a = policy.act_group(
+                    name, step.obs[name], states[name], starts, mask, False, inside
+                )
+                b = policy.act_group(
+                    name, step.obs[name], states[name], starts, mask, False, None, noise=noise[name]
+                )
+                torch.testing.assert_close(a.actions, b.actions, rtol=0, atol=0)
+                torch.testing.assert_close(a.log_prob, b.log_prob, rtol=0, atol=0)
+        assert torch.equal(inside.get_state(), outside.get_state())
+        trainer.close()
+
+
+def test_an_unfused_adam_checkpoint_resumes_fused():
+    """Optimiser states saved by torch's default Adam load into the fused one this process
+    uses, with the step counters where fused Adam wants them, and update alike."""
+    from mappo.algos.mappo import Optimizers
+
+    cfg = config_mod.load("mpe/simple_spread_jaxmarl_ff", {"env.num_envs": 4})
+    trainer = Trainer(cfg)
+    policy = trainer.policy
+    plain = Optimizers(
+        torch.optim.Adam(policy.actors.parameters(), lr=1e-3),
+        torch.optim.Adam(policy.critics.parameters(), lr=1e-3),
+    )
+    for p in policy.parameters():
+        p.grad = torch.ones_like(p)
+    plain.actor.step()
+    plain.critic.step()
+    fused = Optimizers.create(policy, cfg.algo)
+    fused.load_state_dict(plain.state_dict())
+    for opt in (fused.actor, fused.critic):
+        assert all(g["fused"] is True for g in opt.param_groups)
+        for p, st in opt.state.items():
+            assert st["step"].device == p.device
+    before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    fused.actor.step()
+    after_fused = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    policy.load_state_dict(before)
+    plain.actor.step()
+    for k, v in policy.state_dict().items():
+        torch.testing.assert_close(after_fused[k], v, rtol=1e-6, atol=1e-7)
+    trainer.close()
 
 
 def test_compile_setting_is_checked_and_read_from_yaml(tmp_path):
@@ -104,6 +167,9 @@ def test_compile_setting_is_checked_and_read_from_yaml(tmp_path):
     assert config_mod.load("mpe/simple_spread", ["compile=off"]).compile == "off"
     with pytest.raises(ConfigError, match="compile"):
         config_mod.load("mpe/simple_spread", ["compile=fast"])
+    with pytest.raises(ConfigError, match="covers algo.name=mappo only"):
+        config_mod.load("mpe/simple_spread_qmix", ["compile=on"])
+    assert config_mod.load("mpe/simple_spread_qmix", ["compile=auto"]).compile == "auto"
 
 
 @pytest.mark.parametrize("kind", ["gru", "lstm"])

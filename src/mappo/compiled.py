@@ -15,15 +15,21 @@ What is compiled, and why there:
 
 Both are compiled with ``fullgraph=True`` (a graph break is an error, not a silent slow path)
 and static shapes (each distinct shape compiles once: full mini-batches, and a shorter last one
-when the chunks do not divide evenly). On CUDA the graphs are also replayed as CUDA graphs
-(``mode="reduce-overhead"``), where launching hundreds of tiny kernels is the cost. Eager stays
-the reference: the compiled path computes the same functions in the same order, and a
-checkpoint written by either loads in the other (the parameters are the same modules).
+when the chunks do not divide evenly). Eager stays the reference: the compiled path computes the
+same functions in the same order, and a checkpoint written by either loads in the other (the
+parameters are the same modules). Compiled graphs are cached on disk by torch (inductor's
+cache), so a second run of the same preset compiles in seconds.
+
+Not yet done: replaying the graphs as CUDA graphs (``mode="reduce-overhead"``). Their outputs
+live in a memory pool that the next replay overwrites, and the collector keeps the recurrent
+states it returns across steps and updates; that needs copies or step marks, and a GPU to test
+on.
 """
 
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,6 +37,7 @@ import torch
 from mappo.config import ConfigError
 
 SETTINGS = ("off", "on", "auto")
+"""The values of ``compile`` (repeated in :mod:`mappo.config`, which does not import torch)."""
 
 MAX_COMPILED_CHUNK = 32
 """Recurrent chunks longer than this keep the loss eager: the compiled graph unrolls the
@@ -41,9 +48,10 @@ torch's fused recurrent kernel between resets instead (:class:`~mappo.nn.layers.
 
 
 def wanted(setting: str, device: torch.device) -> bool:
-    """Whether ``compile=setting`` compiles on ``device``. ``auto`` compiles on CUDA only: on
-    the CPU the compiled path measured at most a few tens of percent faster on the particle
-    world, not worth its compile time on short runs (BENCHMARKS.md)."""
+    """Whether ``compile=setting`` compiles on ``device``. ``auto`` compiles on CUDA only, where
+    launching many tiny kernels is the known cost (not yet measured here); on the CPU the
+    compiled path measured 1.2-1.6x faster on three of four particle-world presets, which does
+    not repay a cold compile of 15-60 s on short runs (BENCHMARKS.md)."""
     if setting not in SETTINGS:
         raise ConfigError(f"compile={setting!r} is not one of {', '.join(SETTINGS)}")
     if setting == "auto":
@@ -51,8 +59,8 @@ def wanted(setting: str, device: torch.device) -> bool:
     return setting == "on"
 
 
-def compile_fn(fn: Any, device: torch.device) -> Any:
-    """``fn`` compiled as one static-shape graph (``fullgraph``), as CUDA graphs on CUDA.
+def compile_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` compiled as one static-shape graph (``fullgraph``).
 
     Each call compiles a fresh copy of ``fn`` (a new code object): torch keeps its compiled
     graphs per code object and refuses after a few recompilations, which would otherwise come
@@ -66,8 +74,8 @@ def compile_fn(fn: Any, device: torch.device) -> Any:
         fn.__closure__,
     )
     fresh.__kwdefaults__ = fn.__kwdefaults__
-    mode = "reduce-overhead" if device.type == "cuda" else None
-    return torch.compile(fresh, fullgraph=True, dynamic=False, mode=mode)
+    fresh.__qualname__ = fn.__qualname__
+    return torch.compile(fresh, fullgraph=True, dynamic=False)
 
 
 def compile_seconds() -> float:

@@ -297,8 +297,9 @@ class TrainConfig:
     )
     compile: str = _field(
         "off",
-        "torch.compile the rollout step and the loss (mappo): 'off' (eager, the reference), "
-        "'on', or 'auto' (on CUDA only; the CPU gains are measured in BENCHMARKS.md).",
+        "torch.compile the rollout step and the loss (mappo; recurrent chunks over 32 steps keep "
+        "the loss eager): 'off' (eager, the reference), 'on', or 'auto' (on CUDA only; the CPU "
+        "gains are measured in BENCHMARKS.md).",
         choices=("off", "on", "auto"),
     )
     eval_interval: int = _field(
@@ -583,6 +584,11 @@ def check(cfg: TrainConfig) -> None:
         raise ConfigError(
             "config field 'algo.death_masked_critic' needs a centralised critic; set "
             "algo.critic_input=state or agent_state"
+        )
+    if cfg.compile == "on" and cfg.family != "ppo":
+        raise ConfigError(
+            f"config field 'compile' is 'on' but the compiled path covers algo.name=mappo only, "
+            f"not {cfg.algo.name!r}; set compile=off (auto leaves {cfg.algo.name} eager)"
         )
     if cfg.wandb:
         import importlib.util

@@ -7,6 +7,7 @@ per-env flags. Everything stays on the env's device; nothing is copied to the ho
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -189,7 +190,7 @@ class Collector:
     starts: Tensor
     tracker: EpisodeTracker
     bootstrap: bool = False
-    step_fn: Any = None
+    step_fn: Callable[..., Any] | None = None
     """:func:`policy_step` or its compiled form (``None``: the function itself)."""
 
     @torch.no_grad()

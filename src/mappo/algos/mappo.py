@@ -13,6 +13,7 @@ length (1 for feed-forward networks), ``M`` chunks (samples) of the update.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -200,7 +201,9 @@ def fused_adam(module: torch.nn.Module) -> bool | None:
     (measured 78 against 222 us per step of the particle-world actor on the CPU, BENCHMARKS.md).
     ``None`` (torch's default choice) elsewhere."""
     params = list(module.parameters())
-    ok = params and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    ok = bool(params) and all(
+        p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params
+    )
     return True if ok else None
 
 
@@ -234,12 +237,13 @@ class Optimizers:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for opt, saved in ((self.actor, state["actor"]), (self.critic, state["critic"])):
-            fused = [g.get("fused") for g in opt.param_groups]
-            opt.load_state_dict(saved)
-            # A checkpoint carries its optimiser's implementation flags; keep this process's
-            # (the same update either way, a saved unfused Adam resumes fused).
-            for group, flag in zip(opt.param_groups, fused, strict=True):
-                group["fused"] = flag
+            # A checkpoint carries its optimiser's implementation flags; this process's are
+            # kept (the same update either way: a saved unfused Adam resumes fused). They are
+            # set before loading, because torch places the step counters by the loaded flags
+            # (on the parameters' device for fused Adam).
+            flags = [g.get("fused") for g in opt.param_groups]
+            groups = [{**g, "fused": f} for g, f in zip(saved["param_groups"], flags, strict=True)]
+            opt.load_state_dict({**saved, "param_groups": groups})
 
     def set_lr_fraction(self, fraction: float, cfg: AlgoConfig) -> None:
         """Linear learning-rate decay: ``lr = fraction * initial lr``."""
@@ -262,7 +266,7 @@ def update(
     optimizers: Optimizers,
     cfg: AlgoConfig,
     generator: torch.Generator,
-    terms_fn: Any = None,
+    terms_fn: Callable[..., dict[str, Tensor]] | None = None,
 ) -> dict[str, float]:
     """``cfg.epochs`` passes of ``cfg.num_minibatches`` mini-batches over ``samples``.
 
@@ -320,7 +324,11 @@ def _select(samples: Samples, idx: Tensor | None) -> Samples:
 
 
 def _minibatch_loss(
-    policy: ActorCritic, samples: Samples, idx: Tensor | None, cfg: AlgoConfig, terms_fn: Any = None
+    policy: ActorCritic,
+    samples: Samples,
+    idx: Tensor | None,
+    cfg: AlgoConfig,
+    terms_fn: Callable[..., dict[str, Tensor]] | None = None,
 ) -> dict[str, Tensor]:
     """Loss terms of the chunks ``idx`` (all chunks when ``None``, without copying them).
 
@@ -330,8 +338,8 @@ def _minibatch_loss(
     ``terms_fn`` (:func:`loss_terms`, or its compiled form), which stays a pure function.
     """
     batch = _select(samples, idx)
+    valid = batch.valid
     for name, s in batch.groups.items():
-        valid = batch.valid
         policy.critics[name].update_normalizer(
             s.returns[valid.bool()] if batch.padded else s.returns
         )

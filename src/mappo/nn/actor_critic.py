@@ -310,7 +310,7 @@ class ActorCritic(nn.Module):
         from ``generator``, in the same order and shapes (uniform for categorical heads
         ``[1, batch, n, k, max(nvec)]``, standard normal for a box ``[1, batch, n, d]``): handed
         to :meth:`act_group` as ``noise``, they give exactly the actions of drawing inside it."""
-        out = {}
+        out: dict[str, Tensor] = {}
         dev = next(self.parameters()).device
         for name, actor in self.actors.items():
             n = self.spec.groups[name].num_agents

@@ -104,7 +104,8 @@ class RecurrentCore(nn.Module):
 
     The hidden state is a flat ``[..., C, state_size]`` tensor (``state_size`` = H for a GRU, 2H
     for an LSTM: ``[h, c]``), so storage and chunking treat both kinds alike. The input projection
-    of a whole sequence is one matrix multiply; only the recurrence loops over time.
+    of a whole sequence is one matrix multiply and the recurrence loops over time, or (shared
+    parameters, eager, on the CPU) runs in torch's fused kernel between resets.
     A LayerNorm follows the output, as in the paper's ``RNNLayer``.
     """
 
@@ -152,11 +153,15 @@ class RecurrentCore(nn.Module):
             out, state = self._fused(x, state * (1.0 - starts[0].to(x.dtype))[..., None, None])
             return self.norm(out), state
         keep = (1.0 - starts.to(x.dtype)).unsqueeze(-1).unsqueeze(-1)  # [L, *B, 1, 1]
-        if shared and x.shape[0] > 1 and not torch.compiler.is_compiling():
+        if shared and x.shape[0] > 1 and x.is_cpu and not torch.compiler.is_compiling():
             # Eager training on sequences: between steps where some row resets, the whole batch
             # runs in torch's fused kernel (the MAPPO paper's RNNLayer does the same). One host
-            # sync finds those steps; where they are too many, the loop below is cheaper.
-            cuts = starts.reshape(starts.shape[0], -1).any(1)
+            # sync finds those steps; where they are too many, the loop below is cheaper. CPU
+            # only: on CUDA the fused kernel is cuDNN's, which may compute in TF32.
+            L = x.shape[0]
+            cuts = starts.reshape(L, -1).any(1)
+            if inject is not None:
+                cuts |= inject.reshape(L, -1).ne(0).any(1)
             cuts[0] = True
             where = cuts.nonzero().flatten().tolist()
             if len(where) <= x.shape[0] // 2:
