@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from mappo import config as C
 from mappo.cli import main
@@ -340,6 +341,24 @@ def test_a_changed_spec_is_refused_and_a_second_sweep_on_one_folder_too(tmp_path
     assert "sweep" in capsys.readouterr().err and (trial_dir / "metrics.csv").read_bytes() == before
     assert main(argv) == 0
     assert json.loads((trial_dir / "summary.json").read_text())["env_steps"] == 400
+
+
+def test_a_trial_written_before_a_config_key_existed_continues(tmp_path, capsys):
+    """A sweep started with an older version (its trials' config.yaml lack keys added since,
+    here ``compile``) continues under this one: a missing key counts as its default."""
+    spec_path = _write_spec(tmp_path, "presets: [TINY]\n")
+    argv = ["sweep", str(spec_path), "--dir", str(tmp_path / "sw"), "--backend", "serial"]
+    assert main(argv) == 0
+    trial_dir = Path(S.load_spec(str(spec_path), tmp_path / "sw").trials[0].dir)
+    saved = yaml.safe_load((trial_dir / "config.yaml").read_text())
+    del saved["compile"]
+    (trial_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+    capsys.readouterr()
+    assert main(argv) == 0, capsys.readouterr().err
+    # Compiled and eager runs of one configuration are grouped together too.
+    from mappo.experiments.runs import BOOKKEEPING_KEYS
+
+    assert "compile" in BOOKKEEPING_KEYS
 
 
 def test_a_trial_killed_between_its_last_checkpoint_and_its_summary_counts_as_finished(tmp_path):

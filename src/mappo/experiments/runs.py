@@ -40,9 +40,21 @@ BOOKKEEPING_KEYS = (
     "keep_checkpoints",
     "preset",
     "algo.buffer_in_checkpoints",
+    "compile",  # the same updates, compiled or not
 )
 WIN_RATE = "eval/eval_battle_won"
 RETURN = "eval/eval_return_mean"
+
+
+def full_config(data: dict[str, Any]) -> dict[str, Any]:
+    """A saved config (``config.yaml`` as a nested dict) flattened with every key of this
+    version: keys added since the run was written take their defaults, so that an older run and
+    a newer one with the same settings compare equal. A config this version cannot read is
+    flattened as it is."""
+    try:
+        return config_mod._flatten(config_mod.to_dict(config_mod.from_dict(data)))
+    except (ValueError, TypeError):
+        return config_mod._flatten(data)
 
 
 class ResultsError(ValueError):
@@ -127,7 +139,7 @@ def read_run(path: Path) -> RunRecord:
         raise ResultsError(f"cannot read run '{path}': {err}") from None
     if not isinstance(data, dict) or "env_steps" not in names:
         raise ResultsError(f"'{path}' is not a run directory of mappo (config.yaml, metrics.csv)")
-    flat = config_mod._flatten(data)
+    flat = full_config(data)
     columns = {name: np.array([_float(r.get(name) or "") for r in rows]) for name in names}
     summary = None
     if (path / "summary.json").is_file():

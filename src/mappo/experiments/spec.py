@@ -242,7 +242,8 @@ def check_unchanged(trial: Trial) -> None:
     if not saved_path.is_file():
         return
     try:
-        saved = config_mod._flatten(config_mod._read_yaml(saved_path))
+        # With this version's defaults for keys added since the trial was written.
+        saved = runs_mod.full_config(config_mod._read_yaml(saved_path))
     except config_mod.ConfigError:
         return  # unreadable: the trial's own resume reports it
     wanted = config_mod._flatten(config_mod.to_dict(config_mod.load(trial.preset, trial.overrides)))
