@@ -149,10 +149,9 @@ class RecurrentCore(nn.Module):
             ``([L, *B, C, H]`` outputs, ``[*B, C, state_size]`` final state).
         """
         shared = self.input_proj.copies == 1
-        if whole_episodes and inject is None and shared:
-            out, state = self._fused(x, state * (1.0 - starts[0].to(x.dtype))[..., None, None])
-            return self.norm(out), state
         keep = (1.0 - starts.to(x.dtype)).unsqueeze(-1).unsqueeze(-1)  # [L, *B, 1, 1]
+        if whole_episodes and inject is None and shared:
+            return self._segments(x, state, keep, None, [0])
         if shared and x.shape[0] > 1 and x.is_cpu and not torch.compiler.is_compiling():
             # Eager training on sequences: between steps where some row resets, the whole batch
             # runs in torch's fused kernel (the MAPPO paper's RNNLayer does the same). One host
