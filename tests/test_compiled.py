@@ -1,15 +1,22 @@
 """The compiled path (``compile=on``) against eager, the reference: the same losses and
 parameters after a few updates, no graph breaks (the functions are compiled with
 ``fullgraph=True``, so a break is an error), checkpoints that move between the two, and the
-fused recurrent segments against the step loop."""
+fused recurrent segments against the step loop.
+
+The equality tests run on the CPU; ``MAPPO_TEST_DEVICE=cuda`` runs them on a GPU, where the
+compiled functions are also replayed as CUDA graphs (BENCHMARKS.md records such runs)."""
 
 from __future__ import annotations
+
+import dataclasses
+import os
+from typing import NamedTuple
 
 import pytest
 import torch
 
 from mappo import config as config_mod
-from mappo.compiled import wanted
+from mappo.compiled import _copy_out, compile_fn, wanted
 from mappo.config import ConfigError
 from mappo.nn.layers import RecurrentCore
 from mappo.trainer import Trainer, resume, train
@@ -25,6 +32,7 @@ SMALL = {
     "algo.num_minibatches": 2,
     "threads": 1,
     "progress": False,
+    "device": os.environ.get("MAPPO_TEST_DEVICE", "cpu"),
 }
 
 
@@ -64,6 +72,62 @@ def test_compiled_updates_equal_eager(preset, overrides):
     assert "compile_seconds" in compiled[0][0] and "compile_seconds" not in eager[0][0]
     assert compiled[0][0]["compile_seconds"] > 0
     _assert_same(eager, compiled)
+
+
+@dataclasses.dataclass
+class _Pair:
+    a: torch.Tensor
+    b: dict[str, torch.Tensor]
+
+
+class _Named(NamedTuple):
+    x: torch.Tensor
+    n: int
+
+
+def test_cuda_graph_outputs_are_copied_out_of_the_pool():
+    """What a CUDA-graph replay hands out is copied, through every container the compiled
+    functions return (the dataclass of actions, dicts of states, tuples), so the next replay
+    cannot overwrite what the collector or autograd still holds."""
+    t = torch.arange(3.0, requires_grad=True)
+    out = _copy_out((_Pair(t * 2, {"s": t + 1}), [t], _Named(t, 4), None))
+    pair, listed, named, none = out
+    assert listed[0].data_ptr() != t.data_ptr() and named.x.data_ptr() != t.data_ptr()
+    assert named.n == 4 and none is None
+    assert isinstance(pair, _Pair) and isinstance(named, _Named)
+    torch.testing.assert_close(listed[0], t)
+    # gradients flow through the copies back to the graph's inputs
+    (pair.a.sum() + listed[0].sum()).backward()
+    torch.testing.assert_close(t.grad, torch.full((3,), 3.0))
+
+
+def test_the_cuda_graph_wrapper_equals_the_function():
+    """The replaying wrapper (new step, copies out) computes the function; on the CPU torch
+    compiles it without CUDA graphs, on a GPU (``MAPPO_TEST_DEVICE=cuda``) it replays one."""
+    dev = SMALL["device"]
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = torch.tanh(x @ w)
+        return {"h": h, "s": h.sum(-1)}
+
+    g = compile_fn(f, cuda_graphs=True)
+    w = torch.randn(4, 5, device=dev, requires_grad=True)
+    first = None
+    for i in range(3):
+        x = torch.randn(2, 4, device=dev) + i
+        got, want = g(x, w), f(x, w)
+        torch.testing.assert_close(got["h"], want["h"], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got["s"], want["s"], rtol=1e-5, atol=1e-6)
+        if first is None:
+            first = got
+            kept = got["h"].detach().clone()
+    # backward runs before the next replay (as in the update), through the copies
+    got["s"].sum().backward()
+    want_grad = torch.autograd.grad(f(x, w)["s"].sum(), w)[0]
+    torch.testing.assert_close(w.grad, want_grad, rtol=1e-5, atol=1e-6)
+    # the first call's outputs survive the later replays
+    g(torch.randn(2, 4, device=dev), w)
+    torch.testing.assert_close(first["h"].detach(), kept)
 
 
 def test_checkpoints_move_between_compiled_and_eager(tmp_path):

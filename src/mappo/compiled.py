@@ -20,14 +20,19 @@ same functions in the same order, and a checkpoint written by either loads in th
 parameters are the same modules). Compiled graphs are cached on disk by torch (inductor's
 cache), so a second run of the same preset compiles in seconds.
 
-Not yet done: replaying the graphs as CUDA graphs (``mode="reduce-overhead"``). Their outputs
-live in a memory pool that the next replay overwrites, and the collector keeps the recurrent
-states it returns across steps and updates; that needs copies or step marks, and a GPU to test
-on.
+On CUDA the graphs are also replayed as CUDA graphs (``mode="reduce-overhead"``): one launch
+for a whole graph instead of one per kernel, which is where a small network's time goes on a GPU.
+A CUDA graph's outputs live in a memory pool that its next replay overwrites, while the collector
+keeps recurrent states across steps and autograd keeps a loss until its backward; so every call
+starts a new step for torch (``cudagraph_mark_step_begin``) and copies its outputs out of the pool
+(a few small copies, against hundreds of launches saved). Equality with eager on a GPU is checked
+by running ``tests/test_compiled.py`` with ``MAPPO_TEST_DEVICE=cuda`` (BENCHMARKS.md records the
+runs); CI has no GPU.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from collections.abc import Callable
 from typing import Any
@@ -49,9 +54,10 @@ torch's fused recurrent kernel between resets instead (:class:`~mappo.nn.layers.
 
 def wanted(setting: str, device: torch.device) -> bool:
     """Whether ``compile=setting`` compiles on ``device``. ``auto`` compiles on CUDA only, where
-    launching many tiny kernels is the known cost (not yet measured here); on the CPU the
-    compiled path measured 1.2-1.6x faster on three of four particle-world presets, which does
-    not repay a cold compile of 15-60 s on short runs (BENCHMARKS.md)."""
+    launching many tiny kernels is the cost (on one H200 the GPU Spread preset's updates ran
+    5x faster compiled with CUDA graphs); on the CPU the compiled path measured 1.2-1.6x faster
+    on three of four particle-world presets, which does not repay a cold compile of 15-60 s on
+    short runs (BENCHMARKS.md)."""
     if setting not in SETTINGS:
         raise ConfigError(f"compile={setting!r} is not one of {', '.join(SETTINGS)}")
     if setting == "auto":
@@ -59,8 +65,9 @@ def wanted(setting: str, device: torch.device) -> bool:
     return setting == "on"
 
 
-def compile_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` compiled as one static-shape graph (``fullgraph``).
+def compile_fn(fn: Callable[..., Any], cuda_graphs: bool = False) -> Callable[..., Any]:
+    """``fn`` compiled as one static-shape graph (``fullgraph``), replayed as a CUDA graph when
+    ``cuda_graphs`` (for functions whose tensors live on a CUDA device).
 
     Each call compiles a fresh copy of ``fn`` (a new code object): torch keeps its compiled
     graphs per code object and refuses after a few recompilations, which would otherwise come
@@ -75,7 +82,35 @@ def compile_fn(fn: Callable[..., Any]) -> Callable[..., Any]:
     )
     fresh.__kwdefaults__ = fn.__kwdefaults__
     fresh.__qualname__ = fn.__qualname__
-    return torch.compile(fresh, fullgraph=True, dynamic=False)
+    if not cuda_graphs:
+        return torch.compile(fresh, fullgraph=True, dynamic=False)
+    graph = torch.compile(fresh, fullgraph=True, dynamic=False, mode="reduce-overhead")
+
+    def replay(*args: Any, **kwargs: Any) -> Any:
+        # A new step: outputs of earlier replays may be overwritten from here on, which is safe
+        # because each call below hands out copies, never the pool's own tensors.
+        torch.compiler.cudagraph_mark_step_begin()
+        return _copy_out(graph(*args, **kwargs))
+
+    return replay
+
+
+def _copy_out(x: Any) -> Any:
+    """``x`` with every tensor in it copied out of the CUDA-graph memory pool, through tuples,
+    lists, dicts and dataclasses (differentiable: a copy's gradient flows back into the replayed
+    graph's backward); anything else unchanged."""
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, dict):
+        return {k: _copy_out(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        items = [_copy_out(v) for v in x]
+        return type(x)(*items) if hasattr(x, "_fields") else type(x)(items)
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return dataclasses.replace(
+            x, **{f.name: _copy_out(getattr(x, f.name)) for f in dataclasses.fields(x) if f.init}
+        )
+    return x
 
 
 def compile_seconds() -> float:

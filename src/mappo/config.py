@@ -298,8 +298,8 @@ class TrainConfig:
     compile: str = _field(
         "off",
         "torch.compile the rollout step and the loss (mappo; recurrent chunks over 32 steps keep "
-        "the loss eager): 'off' (eager, the reference), 'on', or 'auto' (on CUDA only; the CPU "
-        "gains are measured in BENCHMARKS.md).",
+        "the loss eager; on CUDA also replayed as CUDA graphs): 'off' (eager, the reference), "
+        "'on', or 'auto' (on CUDA only; the gains are measured in BENCHMARKS.md).",
         choices=("off", "on", "auto"),
     )
     eval_interval: int = _field(

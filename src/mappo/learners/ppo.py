@@ -62,9 +62,10 @@ class PPOLearner:
         self.compiled = wanted(cfg.compile, self.device)
         self.terms_fn = None
         if self.compiled:
-            self.collector.step_fn = compile_fn(policy_step)
+            graphs = self.device.type == "cuda"
+            self.collector.step_fn = compile_fn(policy_step, cuda_graphs=graphs)
             if not self.recurrent or cfg.algo.data_chunk_length <= MAX_COMPILED_CHUNK:
-                self.terms_fn = compile_fn(loss_terms)
+                self.terms_fn = compile_fn(loss_terms, cuda_graphs=graphs)
         self._compile_start = compile_seconds() if self.compiled else 0.0
 
     @property
