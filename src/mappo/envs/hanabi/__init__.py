@@ -1,0 +1,1 @@
+"""Hanabi (the MAPPO paper's third benchmark), batched on a torch device."""

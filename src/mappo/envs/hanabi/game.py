@@ -1,0 +1,447 @@
+"""Hanabi, batched on a torch device: the rules and the canonical observation of the Hanabi
+Learning Environment (Bard et al. 2020, "The Hanabi Challenge"; the HLE is what OpenSpiel's
+``hanabi`` game wraps), for ``B`` games at once.
+
+Conventions, all the HLE's (so that a game replayed here and in OpenSpiel agrees bit for bit):
+
+- A card is ``color * R + rank`` (``C`` colors, ``R`` ranks, both 0-based). Each color has three
+  cards of rank 0, one of the top rank and two of every other rank.
+- Moves of the player to act, numbered as the HLE's move uids (OpenSpiel's actions): discard
+  slot ``i`` (``0 .. H-1``), play slot ``i`` (``H .. 2H-1``), reveal color ``c`` to the player
+  ``o`` seats on (``2H + (o - 1) * C + c``), reveal rank ``r`` to that player
+  (``2H + (P - 1) * C + (o - 1) * R + r``).
+- Playing or discarding removes the card from its slot, the cards to its right move one slot
+  left, and the replacement (if the deck has cards) is dealt into the last slot. Discarding is
+  illegal at full information tokens; a reveal costs a token and must touch at least one card.
+- A played card that is the next of its color scores; a top-rank card also returns a token (if
+  not full). A misplay costs a life and goes to the discards.
+- The game ends when the last life is lost (the score then counts as 0), when every firework is
+  complete, or once the deck is empty and every player has made one more move.
+- The score is the sum of the fireworks; the reward of a move is the change of the score (so
+  losing the last life gives minus the score reached).
+
+The deck is drawn up front as an order of the ``D`` cards (``decks [B, D]``); dealing takes the
+next card of it, which is how a game is replayed exactly (deck injection).
+
+Shapes: ``B`` games, ``P`` players, ``H`` hand size, ``C`` colors, ``R`` ranks, ``D`` cards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class HanabiRules:
+    """The parameters of a Hanabi variant (the HLE's defaults: the full game)."""
+
+    players: int = 2
+    colors: int = 5
+    ranks: int = 5
+    hand_size: int | None = None  # None: 5 cards for 2-3 players, 4 for 4-5 (the HLE's rule)
+    max_information_tokens: int = 8
+    max_life_tokens: int = 3
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.players <= 5:
+            raise ValueError(f"Hanabi needs 2-5 players, got players={self.players}")
+        if not 1 <= self.colors <= 5 or not 1 <= self.ranks <= 5:
+            raise ValueError(
+                f"Hanabi has 1-5 colors and 1-5 ranks, got colors={self.colors}, ranks={self.ranks}"
+            )
+
+    @property
+    def hand(self) -> int:
+        """Cards per hand ``H``."""
+        if self.hand_size is not None:
+            return self.hand_size
+        return 5 if self.players < 4 else 4
+
+    def instances(self, rank: int) -> int:
+        """Copies of each card of ``rank`` (the HLE's NumberCardInstances)."""
+        if rank == 0:
+            return 3
+        if rank == self.ranks - 1:
+            return 1
+        return 2
+
+    @property
+    def deck_size(self) -> int:
+        """Cards in the deck ``D``."""
+        return self.colors * sum(self.instances(r) for r in range(self.ranks))
+
+    @property
+    def num_moves(self) -> int:
+        """Moves ``2H + (P - 1)(C + R)``."""
+        return 2 * self.hand + (self.players - 1) * (self.colors + self.ranks)
+
+    @property
+    def observation_size(self) -> int:
+        """Length of the canonical observation (658 for the 2-player full game)."""
+        p, h, c, r = self.players, self.hand, self.colors, self.ranks
+        cards = c * r
+        hands = (p - 1) * h * cards + p
+        board = (self.deck_size - p * h) + cards + self.max_information_tokens
+        board += self.max_life_tokens
+        discards = self.deck_size
+        last = p + 4 + p + c + r + h + h + cards + 2
+        knowledge = p * h * (cards + c + r)
+        return hands + board + discards + last + knowledge
+
+
+# Move kinds (the order of the HLE's move types in the last-action section).
+PLAY, DISCARD, REVEAL_COLOR, REVEAL_RANK = 0, 1, 2, 3
+
+
+class HanabiGames:
+    """``B`` Hanabi games stepped together. Every state tensor has a leading ``[B]`` axis.
+
+    ``reset(decks)`` deals from the given deck orders; :meth:`step` applies one move of the
+    player to act in every game that is not over (finished games ignore their move).
+    """
+
+    def __init__(self, rules: HanabiRules, batch: int, device: str | torch.device = "cpu"):
+        self.rules = rules
+        self.batch = batch
+        self.device = torch.device(device)
+        r = rules
+        dev = self.device
+        counts = torch.tensor([r.instances(k) for k in range(r.ranks)], device=dev)
+        # the unshuffled deck: every card id repeated by its number of copies
+        self.card_counts = counts.repeat(r.colors)  # [C*R]
+        self.sorted_deck = torch.repeat_interleave(
+            torch.arange(r.colors * r.ranks, device=dev), self.card_counts
+        )
+        self._rows = torch.arange(batch, device=dev)
+        self._slots = torch.arange(r.hand, device=dev)
+        self.state: dict[str, Tensor] = {}
+
+    # -- dealing -------------------------------------------------------------------------------
+    def shuffled_decks(self, generator: torch.Generator | None = None) -> Tensor:
+        """``[B, D]`` independent uniformly shuffled deck orders."""
+        keys = torch.rand(self.batch, self.rules.deck_size, device=self.device, generator=generator)
+        return self.sorted_deck[keys.argsort(dim=1)]
+
+    def reset(self, decks: Tensor, mask: Tensor | None = None) -> None:
+        """Start new games dealt from ``decks [B, D]`` (card ids, dealt from index 0: player 0's
+        hand first) where ``mask [B]`` is True (every game when ``None``)."""
+        r, b, dev = self.rules, self.batch, self.device
+        p, h = r.players, r.hand
+        decks = decks.to(dev, torch.int64)
+        fresh = {
+            "deck": decks,
+            "dealt": torch.full((b,), p * h, dtype=torch.int64, device=dev),
+            "hands": decks[:, : p * h].reshape(b, p, h).clone(),
+            "hand_count": torch.full((b, p), h, dtype=torch.int64, device=dev),
+            "color_ok": torch.ones(b, p, h, r.colors, dtype=torch.bool, device=dev),
+            "rank_ok": torch.ones(b, p, h, r.ranks, dtype=torch.bool, device=dev),
+            "color_hint": torch.full((b, p, h), -1, dtype=torch.int64, device=dev),
+            "rank_hint": torch.full((b, p, h), -1, dtype=torch.int64, device=dev),
+            "fireworks": torch.zeros(b, r.colors, dtype=torch.int64, device=dev),
+            "info": torch.full((b,), r.max_information_tokens, dtype=torch.int64, device=dev),
+            "life": torch.full((b,), r.max_life_tokens, dtype=torch.int64, device=dev),
+            "discards": torch.zeros(b, r.colors * r.ranks, dtype=torch.int64, device=dev),
+            "player": torch.zeros(b, dtype=torch.int64, device=dev),
+            "turns_left": torch.full((b,), p, dtype=torch.int64, device=dev),
+            "over": torch.zeros(b, dtype=torch.bool, device=dev),
+            # the last move: kind (-1 none), player, target, color, rank, revealed slots
+            # [B, H], slot, card, scored, token added
+            "last_kind": torch.full((b,), -1, dtype=torch.int64, device=dev),
+            "last_player": torch.zeros(b, dtype=torch.int64, device=dev),
+            "last_target": torch.zeros(b, dtype=torch.int64, device=dev),
+            "last_color": torch.zeros(b, dtype=torch.int64, device=dev),
+            "last_rank": torch.zeros(b, dtype=torch.int64, device=dev),
+            "last_revealed": torch.zeros(b, h, dtype=torch.bool, device=dev),
+            "last_slot": torch.zeros(b, dtype=torch.int64, device=dev),
+            "last_card": torch.zeros(b, dtype=torch.int64, device=dev),
+            "last_scored": torch.zeros(b, dtype=torch.bool, device=dev),
+            "last_token": torch.zeros(b, dtype=torch.bool, device=dev),
+        }
+        if mask is None or not self.state:
+            self.state = fresh
+        else:
+            self.state = {
+                k: torch.where(mask.view(-1, *([1] * (v.dim() - 1))), fresh[k], v)
+                for k, v in self.state.items()
+            }
+
+    # -- the score -----------------------------------------------------------------------------
+    def score(self) -> Tensor:
+        """``[B]`` int64: the fireworks' sum, 0 once the last life is lost."""
+        s = self.state
+        return torch.where(s["life"] > 0, s["fireworks"].sum(1), 0)
+
+    # -- legal moves ---------------------------------------------------------------------------
+    def legal_moves(self) -> Tensor:
+        """``[B, M]`` bool: the moves the player to act may make (none in a finished game)."""
+        r, s = self.rules, self.state
+        p, c = r.players, r.colors
+        held = self._slots < s["hand_count"].gather(1, s["player"][:, None])  # [B, H]
+        discard = held & (s["info"] < r.max_information_tokens)[:, None]
+        play = held
+        can_hint = (s["info"] > 0)[:, None]
+        colors, ranks = [], []
+        for o in range(1, p):
+            target = (s["player"] + o) % p
+            cards = s["hands"][self._rows, target]  # [B, H]
+            there = self._slots < s["hand_count"][self._rows, target][:, None]
+            card_color = torch.where(there, cards // r.ranks, -1)
+            card_rank = torch.where(there, cards % r.ranks, -1)
+            colors.append(
+                (card_color[:, :, None] == torch.arange(c, device=self.device)).any(1) & can_hint
+            )
+            ranks.append(
+                (card_rank[:, :, None] == torch.arange(r.ranks, device=self.device)).any(1)
+                & can_hint
+            )
+        legal = torch.cat([discard, play, *colors, *ranks], dim=1)
+        return legal & ~s["over"][:, None]
+
+    # -- a move --------------------------------------------------------------------------------
+    def step(self, moves: Tensor) -> Tensor:
+        """Apply ``moves [B]`` (move uids, legal ones: see :meth:`legal_moves`) for the player to
+        act in every unfinished game; returns the rewards ``[B]`` float32 (score changes)."""
+        r, s = self.rules, self.state
+        p, h, c = r.players, r.hand, r.colors
+        rows, dev = self._rows, self.device
+        live = ~s["over"]
+        before = self.score()
+        moves = moves.to(dev, torch.int64)
+        me = s["player"]
+        # A move made with the deck already empty counts down the last round.
+        s["turns_left"] = torch.where(
+            live & (s["dealt"] >= r.deck_size), s["turns_left"] - 1, s["turns_left"]
+        )
+        is_discard = live & (moves < h)
+        is_play = live & (moves >= h) & (moves < 2 * h)
+        hint = moves - 2 * h
+        is_color = live & (hint >= 0) & (hint < (p - 1) * c)
+        is_rank = live & (hint >= (p - 1) * c)
+        slot = torch.where(moves < h, moves, moves - h).clamp(0, h - 1)
+
+        # -- play and discard ---------------------------------------------------------------
+        leaves = is_discard | is_play
+        card = s["hands"][rows, me, slot]  # [B]
+        color, rank = card // r.ranks, card % r.ranks
+        fw = s["fireworks"]
+        fits = fw[rows, color] == rank
+        scored = is_play & fits
+        s["fireworks"] = fw.clone()
+        s["fireworks"][rows, color] = torch.where(scored, fw[rows, color] + 1, fw[rows, color])
+        token = (is_discard | (scored & (rank == r.ranks - 1))) & (
+            s["info"] < r.max_information_tokens
+        )
+        s["info"] = s["info"] + token.long()
+        s["life"] = s["life"] - (is_play & ~fits).long()
+        to_discard = is_discard | (is_play & ~fits)
+        s["discards"] = s["discards"].clone()
+        s["discards"][rows, card] += to_discard.long()
+        self._remove_and_draw(leaves, me, slot)
+
+        # -- reveals --------------------------------------------------------------------------
+        offset = torch.where(is_color, hint // c, (hint - (p - 1) * c) // r.ranks) + 1
+        target = (me + offset) % p
+        value = torch.where(is_color, hint % c, (hint - (p - 1) * c) % r.ranks)
+        cards = s["hands"][rows, target]  # [B, H]
+        there = self._slots < s["hand_count"][rows, target][:, None]
+        hit_color = there & (cards // r.ranks == value[:, None]) & is_color[:, None]
+        hit_rank = there & (cards % r.ranks == value[:, None]) & is_rank[:, None]
+        revealed = hit_color | hit_rank
+        hinting = is_color | is_rank
+        s["info"] = s["info"] - hinting.long()
+        self._apply_hint(is_color, is_rank, target, value, hit_color, hit_rank, there)
+
+        # -- the last move, for the observation -------------------------------------------------
+        kind = torch.full_like(moves, -1)
+        kind = torch.where(is_play, PLAY, kind)
+        kind = torch.where(is_discard, DISCARD, kind)
+        kind = torch.where(is_color, REVEAL_COLOR, kind)
+        kind = torch.where(is_rank, REVEAL_RANK, kind)
+
+        def keep(name: str, new: Tensor) -> None:
+            old = s[name]
+            m = live.view(-1, *([1] * (old.dim() - 1)))
+            s[name] = torch.where(m, new, old)
+
+        keep("last_kind", kind)
+        keep("last_player", me)
+        keep("last_target", target)
+        keep("last_color", value)
+        keep("last_rank", value)
+        keep("last_revealed", revealed)
+        keep("last_slot", slot)
+        keep("last_card", card)
+        keep("last_scored", scored)
+        keep("last_token", token)
+
+        # -- the next player and the end ----------------------------------------------------------
+        s["player"] = torch.where(live, (me + 1) % p, me)
+        complete = s["fireworks"].sum(1) >= c * r.ranks
+        s["over"] = s["over"] | (live & ((s["life"] <= 0) | complete | (s["turns_left"] <= 0)))
+        return (self.score() - before).to(torch.float32)
+
+    def _remove_and_draw(self, leaves: Tensor, me: Tensor, slot: Tensor) -> None:
+        """Take the card in ``slot`` out of the acting player's hand where ``leaves``: the cards
+        right of it move one slot left and the deck's next card (if any) fills the last slot."""
+        r, s, rows = self.rules, self.state, self._rows
+        h = r.hand
+        count = s["hand_count"][rows, me]
+        has_card = s["dealt"] < r.deck_size
+        # source slot of each slot after the removal
+        src = self._slots[None, :] + (self._slots[None, :] >= slot[:, None]).long()
+        src = src.clamp(max=h - 1)
+        last = count - 1  # the slot the replacement goes to (the hand was full before)
+        new_card = s["deck"][rows, s["dealt"].clamp(max=r.deck_size - 1)]
+        fill = (self._slots[None, :] == last[:, None]) & has_card[:, None]
+        empty = (self._slots[None, :] >= last[:, None]) & ~has_card[:, None]
+        moved = leaves[:, None]
+
+        def shift(name: str, fresh_value: Tensor | float | int, blank: Tensor | float | int):
+            full = s[name]
+            hand = full[rows, me]  # [B, H, ...]
+            idx = src.view(*src.shape, *([1] * (hand.dim() - 2))).expand_as(hand)
+            out = hand.gather(1, idx)
+            f = fill.view(*fill.shape, *([1] * (hand.dim() - 2)))
+            e = empty.view(*empty.shape, *([1] * (hand.dim() - 2)))
+            out = torch.where(f, fresh_value, out)
+            out = torch.where(e, blank, out)
+            m = moved.view(-1, *([1] * (hand.dim() - 1)))
+            full = full.clone()
+            full[rows, me] = torch.where(m, out, hand)
+            s[name] = full
+
+        shift("hands", new_card[:, None], -1)
+        shift("color_ok", True, True)
+        shift("rank_ok", True, True)
+        shift("color_hint", -1, -1)
+        shift("rank_hint", -1, -1)
+        drew = leaves & has_card
+        s["dealt"] = s["dealt"] + drew.long()
+        s["hand_count"] = s["hand_count"].clone()
+        s["hand_count"][rows, me] = count - (leaves & ~has_card).long()
+
+    def _apply_hint(
+        self,
+        is_color: Tensor,
+        is_rank: Tensor,
+        target: Tensor,
+        value: Tensor,
+        hit_color: Tensor,
+        hit_rank: Tensor,
+        there: Tensor,
+    ) -> None:
+        """Update the target's card knowledge: a revealed card knows its color (rank); every
+        other card of the hand learns it is not that color (rank)."""
+        r, s, rows = self.rules, self.state, self._rows
+        dev = self.device
+        colors = torch.arange(r.colors, device=dev)
+        ranks = torch.arange(r.ranks, device=dev)
+
+        ok = s["color_ok"][rows, target]  # [B, H, C]
+        is_v = colors[None, None, :] == value[:, None, None]
+        new_ok = torch.where(hit_color[:, :, None], is_v, ok & ~is_v)
+        apply = (is_color[:, None] & there)[:, :, None]
+        s["color_ok"] = s["color_ok"].clone()
+        s["color_ok"][rows, target] = torch.where(apply, new_ok, ok)
+        hint = s["color_hint"][rows, target]
+        s["color_hint"] = s["color_hint"].clone()
+        s["color_hint"][rows, target] = torch.where(hit_color, value[:, None], hint)
+
+        ok = s["rank_ok"][rows, target]  # [B, H, R]
+        is_v = ranks[None, None, :] == value[:, None, None]
+        new_ok = torch.where(hit_rank[:, :, None], is_v, ok & ~is_v)
+        apply = (is_rank[:, None] & there)[:, :, None]
+        s["rank_ok"] = s["rank_ok"].clone()
+        s["rank_ok"][rows, target] = torch.where(apply, new_ok, ok)
+        hint = s["rank_hint"][rows, target]
+        s["rank_hint"] = s["rank_hint"].clone()
+        s["rank_hint"][rows, target] = torch.where(hit_rank, value[:, None], hint)
+
+    # -- the canonical observation ---------------------------------------------------------------
+    def observe(self, observer: Tensor) -> Tensor:
+        """``[B, observation_size]`` float32: the HLE's canonical encoding of what player
+        ``observer [B]`` sees (OpenSpiel's ``observation_tensor``): the other players' hands,
+        the board, the discards, the last move and every player's card knowledge."""
+        r, s, dev = self.rules, self.state, self.device
+        p, h, c, rk = r.players, r.hand, r.colors, r.ranks
+        cards = c * rk
+        b = self.batch
+        parts: list[Tensor] = []
+        seats = (observer[:, None] + torch.arange(p, device=dev)) % p  # [B, P] by offset
+        counts = s["hand_count"].gather(1, seats)  # [B, P]
+        held = self._slots[None, None, :] < counts[:, :, None]  # [B, P, H]
+
+        # hands of the other players, then which hands are short of a card
+        hands = s["hands"].gather(1, seats[:, :, None].expand(b, p, h))  # [B, P, H]
+        onehot = torch.zeros(b, p, h, cards, device=dev)
+        onehot.scatter_(3, hands.clamp(min=0)[..., None], 1.0)
+        onehot = onehot * held[..., None]
+        parts.append(onehot[:, 1:].reshape(b, -1))
+        parts.append((counts < h).float())
+
+        # board: deck thermometer, fireworks, information and life thermometers
+        left = r.deck_size - s["dealt"]
+        parts.append(_thermometer(left, r.deck_size - p * h))
+        fw = s["fireworks"]
+        fire = torch.zeros(b, c, rk, device=dev)
+        fire.scatter_(2, (fw - 1).clamp(min=0)[..., None], 1.0)
+        parts.append((fire * (fw > 0)[..., None]).reshape(b, -1))
+        parts.append(_thermometer(s["info"], r.max_information_tokens))
+        parts.append(_thermometer(s["life"], r.max_life_tokens))
+
+        # discards: per card, a thermometer over its copies
+        disc = []
+        for k in range(cards):
+            disc.append(_thermometer(s["discards"][:, k], int(self.card_counts[k])))
+        parts.append(torch.cat(disc, dim=1))
+
+        # the last move
+        kind = s["last_kind"]
+        has = kind >= 0
+        hint_kind = (kind == REVEAL_COLOR) | (kind == REVEAL_RANK)
+        leave_kind = (kind == PLAY) | (kind == DISCARD)
+        last = [
+            _onehot((s["last_player"] - observer) % p, p, has),
+            _onehot(kind.clamp(min=0), 4, has),
+            _onehot((s["last_target"] - observer) % p, p, hint_kind),
+            _onehot(s["last_color"], c, kind == REVEAL_COLOR),
+            _onehot(s["last_rank"], rk, kind == REVEAL_RANK),
+            (s["last_revealed"] & hint_kind[:, None]).float(),
+            _onehot(s["last_slot"], h, leave_kind),
+            _onehot(s["last_card"], cards, leave_kind),
+            (s["last_scored"] & (kind == PLAY)).float()[:, None],
+            # the HLE sets this bit for plays only (a discard's token is not encoded)
+            (s["last_token"] & (kind == PLAY)).float()[:, None],
+        ]
+        parts.extend(last)
+
+        # card knowledge of every player, from the observer's seat on
+        color_ok = s["color_ok"].gather(1, seats[:, :, None, None].expand(b, p, h, c))
+        rank_ok = s["rank_ok"].gather(1, seats[:, :, None, None].expand(b, p, h, rk))
+        plausible = (color_ok[..., :, None] & rank_ok[..., None, :]).reshape(b, p, h, cards)
+        chint = s["color_hint"].gather(1, seats[:, :, None].expand(b, p, h))
+        rhint = s["rank_hint"].gather(1, seats[:, :, None].expand(b, p, h))
+        know = torch.cat(
+            [
+                plausible.float(),
+                _onehot(chint.clamp(min=0), c, chint >= 0),
+                _onehot(rhint.clamp(min=0), rk, rhint >= 0),
+            ],
+            dim=-1,
+        )
+        parts.append((know * held[..., None]).reshape(b, -1))
+        return torch.cat(parts, dim=1)
+
+
+def _thermometer(count: Tensor, length: int) -> Tensor:
+    """``[B, length]``: the first ``count [B]`` entries 1."""
+    return (torch.arange(length, device=count.device)[None, :] < count[:, None]).float()
+
+
+def _onehot(index: Tensor, size: int, where: Tensor) -> Tensor:
+    """``[..., size]`` one-hot of ``index`` where ``where`` is True, zeros elsewhere."""
+    out = torch.nn.functional.one_hot(index.clamp(0, size - 1), size).float()
+    return out * where[..., None].float()
