@@ -336,29 +336,19 @@ class HanabiGames:
         """Update the target's card knowledge: a revealed card knows its color (rank); every
         other card of the hand learns it is not that color (rank)."""
         r, s, rows = self.rules, self.state, self._rows
-        dev = self.device
-        colors = torch.arange(r.colors, device=dev)
-        ranks = torch.arange(r.ranks, device=dev)
-
-        ok = s["color_ok"][rows, target]  # [B, H, C]
-        is_v = colors[None, None, :] == value[:, None, None]
-        new_ok = torch.where(hit_color[:, :, None], is_v, ok & ~is_v)
-        apply = (is_color[:, None] & there)[:, :, None]
-        s["color_ok"] = s["color_ok"].clone()
-        s["color_ok"][rows, target] = torch.where(apply, new_ok, ok)
-        hint = s["color_hint"][rows, target]
-        s["color_hint"] = s["color_hint"].clone()
-        s["color_hint"][rows, target] = torch.where(hit_color, value[:, None], hint)
-
-        ok = s["rank_ok"][rows, target]  # [B, H, R]
-        is_v = ranks[None, None, :] == value[:, None, None]
-        new_ok = torch.where(hit_rank[:, :, None], is_v, ok & ~is_v)
-        apply = (is_rank[:, None] & there)[:, :, None]
-        s["rank_ok"] = s["rank_ok"].clone()
-        s["rank_ok"][rows, target] = torch.where(apply, new_ok, ok)
-        hint = s["rank_hint"][rows, target]
-        s["rank_hint"] = s["rank_hint"].clone()
-        s["rank_hint"][rows, target] = torch.where(hit_rank, value[:, None], hint)
+        for is_kind, hit, ok_key, hint_key, size in (
+            (is_color, hit_color, "color_ok", "color_hint", r.colors),
+            (is_rank, hit_rank, "rank_ok", "rank_hint", r.ranks),
+        ):
+            ok = s[ok_key][rows, target]  # [B, H, C or R]
+            is_v = torch.arange(size, device=self.device)[None, None, :] == value[:, None, None]
+            new_ok = torch.where(hit[:, :, None], is_v, ok & ~is_v)
+            apply = (is_kind[:, None] & there)[:, :, None]
+            s[ok_key] = s[ok_key].clone()
+            s[ok_key][rows, target] = torch.where(apply, new_ok, ok)
+            hint = s[hint_key][rows, target]
+            s[hint_key] = s[hint_key].clone()
+            s[hint_key][rows, target] = torch.where(hit, value[:, None], hint)
 
     # -- the canonical observation ---------------------------------------------------------------
     def observe(self, observer: Tensor) -> Tensor:
