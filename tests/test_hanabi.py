@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from mappo.envs import EnvError, make
 from mappo.envs.hanabi.game import HanabiGames, HanabiRules
 
 pyspiel = pytest.importorskip("pyspiel", reason="open_spiel is a test dependency (mappo[test])")
@@ -235,3 +236,116 @@ def test_a_batch_equals_its_games_played_alone():
             assert torch.equal(g.observe(g.state["player"])[0], obs[b])
             for k, v in g.state.items():
                 assert torch.equal(v[0], batch.state[k][b]), k
+
+
+# -- the env: turn-based play in the batched contract -------------------------------------------
+
+
+def _random_actions(step, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    mask = step.action_mask["players"].float()
+    e, p, m = mask.shape
+    acts = torch.multinomial(mask.reshape(-1, m), 1, generator=gen).reshape(e, p, 1)
+    return {"players": acts}
+
+
+def test_only_the_player_to_act_moves():
+    """One player acts per step: only it is alive, the others may only 'move 0' and whatever
+    they send is ignored; everyone gets the score change."""
+    a, b = make("hanabi/full-3p", num_envs=8, seed=4), make("hanabi/full-3p", num_envs=8, seed=4)
+    sa, sb = a.reset(), b.reset()
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(30):
+        me = a.games.state["player"]
+        alive = sa.alive["players"]
+        assert torch.equal(alive, torch.nn.functional.one_hot(me, 3).bool())
+        idle = sa.action_mask["players"][~alive]
+        assert idle[:, 0].all() and not idle[:, 1:].any()
+        acts = _random_actions(sa, gen)["players"]
+        other = acts.clone()
+        other[~alive] = 0  # the idle players' 'move 0' instead of whatever they sent
+        a.validate_actions = False  # the idle players' random moves break their masks
+        sa, sb = a.step({"players": acts}), b.step({"players": other})
+        assert torch.equal(sa.obs["players"], sb.obs["players"])
+        r = sa.reward["players"]
+        assert torch.equal(r, r[:, :1].expand_as(r))
+    # each player's observation is its own: the hands section shows the others' cards
+    obs = sa.obs["players"]
+    assert not torch.equal(obs[:, 0], obs[:, 1])
+
+
+def test_episodes_end_reset_and_report_their_score():
+    env = make("hanabi/full-2p", num_envs=16, seed=2)
+    step = env.reset()
+    gen = torch.Generator().manual_seed(1)
+    ended = 0
+    for _ in range(200):
+        before = env.games.score().clone()
+        step = env.step(_random_actions(step, gen))
+        done = step.terminated
+        assert not step.truncated.any()
+        if done.any():
+            ended += int(done.sum())
+            # the new game starts from a fresh deal; the old one's last view is in final_obs
+            assert (env.games.state["dealt"][done] == 10).all()
+            assert (step.stats["length"][done] >= 1).all()
+            lost = step.stats["lives_lost"][done] == 3
+            assert (step.stats["score"][done][lost] == 0).all()
+            # the reward of the last move brings the return to the final score
+            got = before[done] + step.reward["players"][done, 0]
+            torch.testing.assert_close(got, step.stats["score"][done])
+            assert not torch.equal(step.final_obs["players"][done], step.obs["players"][done])
+    assert ended > 16
+
+
+def test_seeding_replays_and_decks_can_be_dealt():
+    a, b = make("hanabi/full-2p", num_envs=4, seed=0), make("hanabi/full-2p", num_envs=4, seed=0)
+    assert torch.equal(a.reset(seed=9).obs["players"], b.reset(seed=9).obs["players"])
+    assert not torch.equal(a.reset(seed=10).obs["players"], b.reset(seed=9).obs["players"])
+    decks = a.games.shuffled_decks(torch.Generator().manual_seed(3))
+    step = a.deal(decks)
+    assert torch.equal(a.games.state["hands"][:, 0], decks[:, :5])
+    assert step.state.shape == (4, a.spec.state_shape[0])
+    bad = decks.clone()
+    bad[0, 0] = bad[0, 1] = 0  # one card too many of red 1 and one too few of something
+    bad[0, :3] = 0
+    bad[0, 3] = 0
+    with pytest.raises(EnvError, match="every deck must hold each card"):
+        a.deal(bad)
+
+
+def test_state_round_trip_replays_the_same_game():
+    env = make("hanabi/full-4p", num_envs=6, seed=1)
+    step = env.reset()
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(10):
+        step = env.step(_random_actions(step, gen))
+    saved = env.get_state()
+    env_rng = env.generator.get_state()
+
+    def play(step) -> list[torch.Tensor]:
+        moves = torch.Generator().manual_seed(7)
+        out = []
+        for _ in range(40):  # long enough for some games to end and restart
+            step = env.step(_random_actions(step, moves))
+            out.append(step.obs["players"])
+        return out
+
+    first = play(step)
+    restored = env.set_state(saved)
+    env.generator.set_state(env_rng)
+    assert torch.equal(restored.obs["players"], step.obs["players"])
+    for x, y in zip(first, play(restored), strict=True):
+        assert torch.equal(x, y)
+    with pytest.raises(EnvError, match="set_state needs the keys"):
+        env.set_state({"hands": saved["hands"]})
+
+
+def test_text_rendering_shows_hands_hints_and_tokens():
+    env = make("hanabi/full-2p", num_envs=1, seed=0)
+    decks = env.games.sorted_deck[None].clone()  # R1 R1 R1 R2 R2 | R3 R3 R4 R4 R5 | Y1 ...
+    env.deal(decks)
+    env.step({"players": torch.tensor([[[10], [0]]])})  # reveal color R to the other player
+    text = env.render_text(0)
+    assert "info 7" in text and "lives 3" in text and "fireworks: R0 Y0 G0 W0 B0" in text
+    assert "player 1: R3||R?  R3||R?  R4||R?  R4||R?  R5||R?" in text
+    assert "player 0: R1||??" in text

@@ -88,7 +88,13 @@ def _load_builtin() -> None:
     _LOADED = True
     import importlib
 
-    for module in ("mappo.envs.mpe", "mappo.envs.smac", "mappo.envs.vmas", "mappo.envs.adapters"):
+    for module in (
+        "mappo.envs.mpe",
+        "mappo.envs.smac",
+        "mappo.envs.hanabi",
+        "mappo.envs.vmas",
+        "mappo.envs.adapters",
+    ):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as err:

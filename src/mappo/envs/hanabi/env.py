@@ -1,0 +1,236 @@
+"""Hanabi as a batched env: turn-based play in the batched contract.
+
+Every step, in every game, only the player to act moves; the other players' actions are ignored,
+they are not ``alive`` for that step (so the trainer leaves them out of the policy and value
+losses, as the MAPPO paper does with its active masks) and their action mask allows only move 0
+(the contract's convention for an agent that does not act). Every player is rewarded the change
+of the score. Observations are each player's canonical HLE observation
+(:meth:`~mappo.envs.hanabi.game.HanabiGames.observe`).
+
+The global state (the centralized critic's input) is the observation of the player to act with
+that player's own hand added (one-hot per slot): the only information the players do not share
+is their own cards, so this is the whole game state seen from the acting seat (the MAPPO paper's
+choice of a critic input that sees the acting player's hidden hand).
+
+Games end by themselves (lives, complete fireworks, the last round after the deck); no time
+limit cuts them, so every end is a termination. Episode statistics: ``score``, ``perfect`` (1
+for 25 in the full game), ``lives_lost`` and ``length`` (moves).
+
+A game is replayed exactly by dealing a given deck order (:meth:`HanabiEnv.deal`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from mappo.envs.base import ActionSpec, BatchedEnv, EnvError, EnvSpec, EnvStep, GroupSpec
+from mappo.envs.hanabi.game import HanabiGames, HanabiRules
+
+COLOR_LETTERS = "RYGWB"
+
+
+class HanabiEnv(BatchedEnv):
+    """``num_envs`` Hanabi games of ``rules``; one group ``players`` of ``P`` agents."""
+
+    def __init__(
+        self,
+        num_envs: int = 1,
+        device: str | torch.device = "cpu",
+        seed: int = 0,
+        players: int = 2,
+        colors: int = 5,
+        ranks: int = 5,
+        hand_size: int | None = None,
+        max_information_tokens: int = 8,
+        max_life_tokens: int = 3,
+    ) -> None:
+        super().__init__(num_envs, device, seed)
+        try:
+            self.rules = HanabiRules(
+                players, colors, ranks, hand_size, max_information_tokens, max_life_tokens
+            )
+        except ValueError as err:
+            raise EnvError(f"{self.name}: {err}") from err
+        r = self.rules
+        self.name = f"hanabi ({r.players} players, {r.colors} colors x {r.ranks} ranks)"
+        self.games = HanabiGames(r, num_envs, self.device)
+        self._cards = r.colors * r.ranks
+        # Moves run out long before this: each discard or play returns at most one token, so a
+        # game has at most D draws + P final moves and as many hints as tokens it ever holds.
+        limit = 2 * r.deck_size + r.max_information_tokens + r.players
+        self.spec = EnvSpec(
+            groups={
+                "players": GroupSpec(
+                    agents=tuple(f"player_{i}" for i in range(r.players)),
+                    obs_shape=(r.observation_size,),
+                    action=ActionSpec((r.num_moves,)),
+                    has_action_mask=True,
+                )
+            },
+            state_shape=(r.observation_size + r.hand * self._cards,),
+            episode_limit=limit,
+            stat_names=("score", "perfect", "lives_lost", "length"),
+        )
+        self._length = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
+        self._seats = torch.arange(r.players, device=self.device)
+
+    # -- the contract ----------------------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> EnvStep:
+        if seed is not None:
+            self.generator.manual_seed(seed)
+        self.games.reset(self.games.shuffled_decks(self.generator))
+        self._length.zero_()
+        return self._first_step()
+
+    def deal(self, decks: Tensor) -> EnvStep:
+        """Start every game from a given deck order ``decks [E, D]`` (card ids ``color * R +
+        rank``, dealt from index 0, player 0's hand first): deck injection, for replaying a game
+        exactly (e.g. one recorded in OpenSpiel)."""
+        decks = torch.as_tensor(decks, device=self.device)
+        d = self.rules.deck_size
+        if decks.shape != (self.num_envs, d):
+            raise EnvError(f"{self.name}: decks must be [{self.num_envs}, {d}], got {decks.shape}")
+        counts = torch.zeros(self.num_envs, self._cards, dtype=torch.int64, device=self.device)
+        counts.scatter_add_(1, decks.long().clamp(0, self._cards - 1), torch.ones_like(decks))
+        if (
+            (decks < 0).any()
+            or (decks >= self._cards).any()
+            or (counts != self.games.card_counts).any()
+        ):
+            raise EnvError(
+                f"{self.name}: every deck must hold each card as often as the rules say "
+                f"({self.games.card_counts.tolist()} copies of cards 0..{self._cards - 1})"
+            )
+        self.games.reset(decks)
+        self._length.zero_()
+        return self._first_step()
+
+    def _step(self, actions: dict[str, Tensor]) -> EnvStep:
+        g = self.games
+        acts = actions["players"].reshape(self.num_envs, self.rules.players)
+        moves = acts.gather(1, g.state["player"][:, None]).squeeze(1)
+        reward = g.step(moves)
+        self._length += 1
+        done = g.state["over"].clone()
+        lost = (self.rules.max_life_tokens - g.state["life"]).float()
+        score = g.score().float()
+        stats = {
+            "score": score,
+            "perfect": (score == self._cards).float(),
+            "lives_lost": lost,
+            "length": self._length.float(),
+        }
+        obs, state, mask, alive = self._views()
+        final = (obs, state, mask)
+        if bool(done.any()):
+            # Finished games start again at once (auto-reset); their final views stay in final_*.
+            g.reset(g.shuffled_decks(self.generator), done)
+            self._length = torch.where(done, 0, self._length)
+            obs, state, mask, alive = self._views()
+        shared = reward[:, None].expand(self.num_envs, self.rules.players).contiguous()
+        return EnvStep(
+            obs={"players": obs},
+            state=state,
+            reward={"players": shared},
+            terminated=done,
+            truncated=torch.zeros_like(done),
+            alive={"players": alive},
+            action_mask={"players": mask},
+            final_obs={"players": final[0]},
+            final_state=final[1],
+            final_action_mask={"players": final[2]},
+            stats=stats,
+        )
+
+    def get_state(self) -> dict[str, Tensor]:
+        out = {k: v.clone() for k, v in self.games.state.items()}
+        out["length"] = self._length.clone()
+        return out
+
+    def set_state(self, state: dict[str, Tensor], env_ids: Tensor | None = None) -> EnvStep:
+        ids = (
+            torch.arange(self.num_envs, device=self.device)
+            if env_ids is None
+            else torch.as_tensor(env_ids, device=self.device).long()
+        )
+        keys = set(self.games.state) | {"length"}
+        if set(state) != keys:
+            raise EnvError(
+                f"{self.name}: set_state needs the keys of get_state(); missing "
+                f"{sorted(keys - set(state))}, unknown {sorted(set(state) - keys)}"
+            )
+        for k, v in state.items():
+            target = self._length if k == "length" else self.games.state[k]
+            if v.shape[1:] != target.shape[1:] or v.shape[0] != ids.numel():
+                raise EnvError(
+                    f"{self.name}: state['{k}'] must be [{ids.numel()}, "
+                    f"{', '.join(map(str, target.shape[1:]))}], got {list(v.shape)}"
+                )
+            target[ids] = v.to(self.device, target.dtype)
+        return self._first_step()
+
+    # -- views -----------------------------------------------------------------------------------
+    def _views(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Every player's observation ``[E, P, obs]``, the state ``[E, state]``, the action masks
+        ``[E, P, M]`` and who acts ``[E, P]``."""
+        g, r, e = self.games, self.rules, self.num_envs
+        me = g.state["player"]
+        obs = torch.stack(
+            [g.observe((me + k) % r.players) for k in range(r.players)], dim=1
+        )  # by offset from the player to act
+        # reorder from offsets to seats: seat s is offset (s - me) mod P
+        offsets = (self._seats[None, :] - me[:, None]) % r.players
+        obs = obs.gather(1, offsets[:, :, None].expand(-1, -1, obs.shape[-1]))
+        own = obs.gather(1, me[:, None, None].expand(-1, 1, obs.shape[-1])).squeeze(1)
+        hand = g.state["hands"][torch.arange(e, device=self.device), me]  # [E, H]
+        held = hand >= 0
+        hand_bits = torch.nn.functional.one_hot(hand.clamp(min=0), self._cards).float()
+        state = torch.cat([own, (hand_bits * held[..., None]).reshape(e, -1)], dim=1)
+        alive = self._seats[None, :] == me[:, None]
+        legal = g.legal_moves()
+        idle = torch.zeros_like(legal)
+        idle[:, 0] = True
+        mask = torch.where(alive[:, :, None], legal[:, None, :], idle[:, None, :])
+        return obs, state, mask, alive
+
+    def _first_step(self) -> EnvStep:
+        obs, state, mask, alive = self._views()
+        e, p, dev = self.num_envs, self.rules.players, self.device
+        return EnvStep(
+            obs={"players": obs},
+            state=state,
+            reward={"players": torch.zeros(e, p, device=dev)},
+            terminated=torch.zeros(e, dtype=torch.bool, device=dev),
+            truncated=torch.zeros(e, dtype=torch.bool, device=dev),
+            alive={"players": alive},
+            action_mask={"players": mask},
+            stats={k: torch.zeros(e, device=dev) for k in self.spec.stat_names},
+        )
+
+    # -- reading a game --------------------------------------------------------------------------
+    def render_text(self, env_index: int = 0) -> str:
+        """Game ``env_index`` as text: tokens, fireworks, every hand with what its holder knows
+        (``R3 || R?`` = a red 3 whose holder knows it is red), discards and the deck."""
+        r, s, i = self.rules, self.games.state, env_index
+
+        def card(c: int) -> str:
+            return f"{COLOR_LETTERS[c // r.ranks]}{c % r.ranks + 1}"
+
+        fw = " ".join(f"{COLOR_LETTERS[c]}{int(s['fireworks'][i, c])}" for c in range(r.colors))
+        lines = [
+            f"score {int(self.games.score()[i])}  info {int(s['info'][i])}  "
+            f"lives {int(s['life'][i])}  deck {r.deck_size - int(s['dealt'][i])}  "
+            f"to act: player {int(s['player'][i])}",
+            f"fireworks: {fw}",
+        ]
+        for p in range(r.players):
+            cards = []
+            for k in range(int(s["hand_count"][i, p])):
+                ch, rh = int(s["color_hint"][i, p, k]), int(s["rank_hint"][i, p, k])
+                known = (COLOR_LETTERS[ch] if ch >= 0 else "?") + (str(rh + 1) if rh >= 0 else "?")
+                cards.append(f"{card(int(s['hands'][i, p, k]))}||{known}")
+            lines.append(f"player {p}: " + "  ".join(cards))
+        disc = [f"{card(c)}x{int(n)}" for c, n in enumerate(s["discards"][i].tolist()) if n > 0]
+        lines.append("discards: " + (" ".join(disc) if disc else "-"))
+        return "\n".join(lines)
