@@ -29,14 +29,27 @@ def test_run_env_bench_rows() -> None:
     table = format_table(rows)
     lines = table.splitlines()
     assert len(lines) == 2 + len(rows)
-    assert "steps/s" in lines[0] and "x mpe2" in lines[0]
+    assert "steps/s" in lines[0] and "x reference" in lines[0]
     assert lines[-1].split()[0] == "mpe2" and lines[-1].split()[-1] == "1.0"
 
 
 def test_run_env_bench_without_pettingzoo() -> None:
     rows = run_env_bench(num_envs=(2,), seconds=0.01, include_pettingzoo=False)
     assert len(rows) == 1 and rows[0]["env"] == "mpe/simple_spread"
-    assert "x mpe2" not in format_table(rows)
+    assert "x reference" not in format_table(rows)
+
+
+def test_hanabi_is_compared_with_open_spiel() -> None:
+    """A Hanabi row gets OpenSpiel's game of the same player count as its reference (the mpe2
+    row is left out when no particle env is measured)."""
+    rows = run_env_bench(("hanabi/full-3p",), (4,), seconds=0.02, include_pettingzoo=True)
+    assert [(r["env"], r["num_envs"]) for r in rows] == [
+        ("hanabi/full-3p", 4),
+        ("open_spiel:hanabi-3p", 1),
+    ]
+    assert all(r["steps_per_second"] > 0 for r in rows)
+    last = format_table(rows).splitlines()[-1].split()
+    assert last[0] == "open_spiel:hanabi-3p" and last[-1] == "1.0"
 
 
 def test_run_env_bench_samples_masked_envs_from_their_masks() -> None:

@@ -16,6 +16,7 @@ episode ends.
 
 from __future__ import annotations
 
+import importlib.util
 import time
 import warnings
 from collections.abc import Sequence
@@ -144,6 +145,42 @@ def bench_pettingzoo_mpe(seconds: float) -> float:
     return count / elapsed
 
 
+def bench_open_spiel_hanabi(players: int, seconds: float) -> float:
+    """Env steps per second of OpenSpiel's ``hanabi`` game (the full game, ``players``) in a
+    Python loop: per step the legal moves, a random one of them, the deal that follows, and every
+    player's observation tensor (what the batched env computes each step); a new game when one
+    ends. Needs ``open_spiel``."""
+    import pyspiel
+
+    game = pyspiel.load_game("hanabi", {"players": players})
+    rng = np.random.default_rng(0)
+    noise = rng.random(4096)
+    state, count, k = game.new_initial_state(), 0, 0
+    start = time.perf_counter()
+    while True:
+        for _ in range(256):
+            while state.is_chance_node():
+                outcomes, probs = zip(*state.chance_outcomes(), strict=True)
+                state.apply_action(outcomes[int(np.searchsorted(np.cumsum(probs), noise[k]))])
+                k = (k + 1) % len(noise)
+            legal = state.legal_actions()
+            state.apply_action(legal[int(noise[k] * len(legal))])
+            k = (k + 1) % len(noise)
+            while state.is_chance_node():
+                outcomes, probs = zip(*state.chance_outcomes(), strict=True)
+                state.apply_action(outcomes[int(np.searchsorted(np.cumsum(probs), noise[k]))])
+                k = (k + 1) % len(noise)
+            for p in range(players):
+                state.observation_tensor(p)
+            count += 1
+            if state.is_terminal():
+                state = game.new_initial_state()
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            break
+    return count / elapsed
+
+
 def run_env_bench(
     env_names: Sequence[str] = ("mpe/simple_spread",),
     num_envs: Sequence[int] = (1, 128, 1024, 4096),
@@ -153,7 +190,9 @@ def run_env_bench(
     num_threads: int | None = 1,
 ) -> list[dict[str, Any]]:
     """Measure every env of ``env_names`` at every batch size of ``num_envs`` for about
-    ``seconds`` each; with ``include_pettingzoo`` add the row ``{"env": "mpe2", "num_envs": 1}``.
+    ``seconds`` each; with ``include_pettingzoo`` add the reference rows: ``{"env": "mpe2",
+    "num_envs": 1}`` for the particle envs, and for each Hanabi player count measured
+    ``{"env": "open_spiel:hanabi-<P>p", "num_envs": 1}`` (when ``open_spiel`` is installed).
 
     Returns rows ``{"env", "num_envs", "steps_per_second", "device"}``. ``num_threads`` sets
     torch's intra-op threads for the measurement (restored afterwards; ``None`` keeps the current
@@ -170,24 +209,45 @@ def run_env_bench(
             for n in num_envs:
                 sps = bench_batched(name, n, seconds, device)
                 rows.append({"env": name, "num_envs": n, "steps_per_second": sps, "device": device})
-        if include_pettingzoo:
+        if include_pettingzoo and any(not n.startswith("hanabi/") for n in env_names):
             sps = bench_pettingzoo_mpe(seconds)
             rows.append({"env": "mpe2", "num_envs": 1, "steps_per_second": sps, "device": "cpu"})
+        hanabi = sorted({n for n in env_names if n.startswith("hanabi/full-")})
+        if include_pettingzoo and hanabi and importlib.util.find_spec("pyspiel") is not None:
+            for name in hanabi:
+                players = int(name.removeprefix("hanabi/full-").removesuffix("p"))
+                sps = bench_open_spiel_hanabi(players, seconds)
+                rows.append(
+                    {
+                        "env": f"open_spiel:hanabi-{players}p",
+                        "num_envs": 1,
+                        "steps_per_second": sps,
+                        "device": "cpu",
+                    }
+                )
     finally:
         torch.set_num_threads(previous)
     return rows
 
 
+def _reference_of(env: str) -> str:
+    """The reference row an env's speed is compared with."""
+    if env.startswith("hanabi/full-") or env.startswith("open_spiel:hanabi-"):
+        return "open_spiel:hanabi-" + env.rsplit("-", 1)[-1]
+    return "mpe2"
+
+
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """A plain-text table of :func:`run_env_bench` rows; with an ``mpe2`` row, each row's speed-up
-    over it."""
-    reference = next((r["steps_per_second"] for r in rows if r["env"] == "mpe2"), None)
-    header = ["env", "num_envs", "device", "steps/s"] + (["x mpe2"] if reference else [])
+    """A plain-text table of :func:`run_env_bench` rows; with reference rows (``mpe2``,
+    ``open_spiel:hanabi-<P>p``), each row's speed-up over its reference."""
+    refs = {r["env"]: r["steps_per_second"] for r in rows if r["env"] == _reference_of(r["env"])}
+    header = ["env", "num_envs", "device", "steps/s"] + (["x reference"] if refs else [])
     table = [header]
     for r in rows:
         line = [r["env"], str(r["num_envs"]), str(r["device"]), f"{r['steps_per_second']:,.0f}"]
-        if reference:
-            line.append(f"{r['steps_per_second'] / reference:,.1f}")
+        if refs:
+            ref = refs.get(_reference_of(r["env"]))
+            line.append(f"{r['steps_per_second'] / ref:,.1f}" if ref else "")
         table.append(line)
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines = []

@@ -125,7 +125,12 @@ class HanabiEnv(BatchedEnv):
         final = (obs, state, mask)
         if bool(done.any()):
             # Finished games start again at once (auto-reset); their final views stay in final_*.
-            g.reset(g.shuffled_decks(self.generator), done)
+            # Only the finished games draw a deck (shuffling all of them is the costliest
+            # part of a step at thousands of games).
+            ids = done.nonzero().squeeze(1)
+            decks = g.state["deck"].clone()
+            decks[ids] = g.shuffled_decks(self.generator, ids.numel())
+            g.reset(decks, done)
             self._length = torch.where(done, 0, self._length)
             obs, state, mask, alive = self._views()
         shared = reward[:, None].expand(self.num_envs, self.rules.players).contiguous()
@@ -174,19 +179,14 @@ class HanabiEnv(BatchedEnv):
     def _views(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Every player's observation ``[E, P, obs]``, the state ``[E, state]``, the action masks
         ``[E, P, M]`` and who acts ``[E, P]``."""
-        g, r, e = self.games, self.rules, self.num_envs
+        g, e = self.games, self.num_envs
         me = g.state["player"]
-        obs = torch.stack(
-            [g.observe((me + k) % r.players) for k in range(r.players)], dim=1
-        )  # by offset from the player to act
-        # reorder from offsets to seats: seat s is offset (s - me) mod P
-        offsets = (self._seats[None, :] - me[:, None]) % r.players
-        obs = obs.gather(1, offsets[:, :, None].expand(-1, -1, obs.shape[-1]))
-        own = obs.gather(1, me[:, None, None].expand(-1, 1, obs.shape[-1])).squeeze(1)
-        hand = g.state["hands"][torch.arange(e, device=self.device), me]  # [E, H]
-        held = hand >= 0
-        hand_bits = torch.nn.functional.one_hot(hand.clamp(min=0), self._cards).float()
-        state = torch.cat([own, (hand_bits * held[..., None]).reshape(e, -1)], dim=1)
+        views = g.observe_all()  # [E, P, obs] bool, by seat
+        rows = torch.arange(e, device=self.device)
+        hand = g.state["hands"][rows, me]  # [E, H]; empty slots (-1) one-hot to nothing
+        hand_bits = hand[:, :, None] == torch.arange(self._cards, device=self.device)
+        state = torch.cat([views[rows, me], hand_bits.reshape(e, -1)], dim=1).float()
+        obs = views.float()
         alive = self._seats[None, :] == me[:, None]
         legal = g.legal_moves()
         idle = torch.zeros_like(legal)

@@ -117,12 +117,31 @@ class HanabiGames:
         )
         self._rows = torch.arange(batch, device=dev)
         self._slots = torch.arange(r.hand, device=dev)
+        # index tables of the observation encoding
+        p = r.players
+        self._seat_ids = torch.arange(p, device=dev)
+        self._seat_of = (self._seat_ids[:, None] + self._seat_ids[None, :]) % p
+        self._card_ids = torch.arange(r.colors * r.ranks, device=dev)
+        self._color_ids = torch.arange(r.colors, device=dev)
+        self._rank_ids = torch.arange(r.ranks, device=dev)
+        self._kind_ids = torch.arange(4, device=dev)
+        self._deck_bits = torch.arange(r.deck_size - p * r.hand, device=dev)
+        self._info_bits = torch.arange(r.max_information_tokens, device=dev)
+        self._life_bits = torch.arange(r.max_life_tokens, device=dev)
+        # the discard section: for each bit, its card and which copy of that card it counts
+        self._discard_card = torch.repeat_interleave(self._card_ids, self.card_counts)
+        self._discard_copy = torch.cat(
+            [torch.arange(int(n), device=dev) for n in counts.repeat(r.colors)]
+        )
         self.state: dict[str, Tensor] = {}
 
     # -- dealing -------------------------------------------------------------------------------
-    def shuffled_decks(self, generator: torch.Generator | None = None) -> Tensor:
-        """``[B, D]`` independent uniformly shuffled deck orders."""
-        keys = torch.rand(self.batch, self.rules.deck_size, device=self.device, generator=generator)
+    def shuffled_decks(
+        self, generator: torch.Generator | None = None, count: int | None = None
+    ) -> Tensor:
+        """``[count, D]`` (default ``[B, D]``) independent uniformly shuffled deck orders."""
+        n = self.batch if count is None else count
+        keys = torch.rand(n, self.rules.deck_size, device=self.device, generator=generator)
         return self.sorted_deck[keys.argsort(dim=1)]
 
     def reset(self, decks: Tensor, mask: Tensor | None = None) -> None:
@@ -353,85 +372,80 @@ class HanabiGames:
     # -- the canonical observation ---------------------------------------------------------------
     def observe(self, observer: Tensor) -> Tensor:
         """``[B, observation_size]`` float32: the HLE's canonical encoding of what player
-        ``observer [B]`` sees (OpenSpiel's ``observation_tensor``): the other players' hands,
-        the board, the discards, the last move and every player's card knowledge."""
-        r, s, dev = self.rules, self.state, self.device
+        ``observer [B]`` sees (OpenSpiel's ``observation_tensor``); see :meth:`observe_all`."""
+        return self.observe_all()[self._rows, observer].float()
+
+    def observe_all(self) -> Tensor:
+        """``[B, P, observation_size]`` bool: every player's canonical observation, by seat.
+
+        Sections, each from the observer's seat on (offset ``k`` = the player ``k`` seats
+        later): the other players' hands (one-hot cards) and which hands are short of a card;
+        the board (deck, fireworks, information and life thermometers); the discards (per card,
+        a thermometer over its copies); the last move (player, kind, target, color, rank,
+        revealed slots, slot, card, scored, token returned by a play); every player's card
+        knowledge (plausible cards, revealed color, revealed rank).
+        """
+        r, s = self.rules, self.state
         p, h, c, rk = r.players, r.hand, r.colors, r.ranks
         cards = c * rk
         b = self.batch
+        seat = self._seat_of  # [P observer, P offset] -> seat
         parts: list[Tensor] = []
-        seats = (observer[:, None] + torch.arange(p, device=dev)) % p  # [B, P] by offset
-        counts = s["hand_count"].gather(1, seats)  # [B, P]
-        held = self._slots[None, None, :] < counts[:, :, None]  # [B, P, H]
 
-        # hands of the other players, then which hands are short of a card
-        hands = s["hands"].gather(1, seats[:, :, None].expand(b, p, h))  # [B, P, H]
-        onehot = torch.zeros(b, p, h, cards, device=dev)
-        onehot.scatter_(3, hands.clamp(min=0)[..., None], 1.0)
-        onehot = onehot * held[..., None]
-        parts.append(onehot[:, 1:].reshape(b, -1))
-        parts.append((counts < h).float())
+        hands = s["hands"][:, seat]  # [B, P, P, H]
+        others = hands[:, :, 1:, :, None] == self._card_ids  # empty slots (-1) match nothing
+        parts.append(others.reshape(b, p, -1))
+        counts = s["hand_count"][:, seat]  # [B, P, P]
+        parts.append(counts < h)
 
-        # board: deck thermometer, fireworks, information and life thermometers
+        def per_game(x: Tensor) -> Tensor:  # [B, n] -> [B, P, n]
+            return x[:, None, :].expand(b, p, x.shape[-1])
+
         left = r.deck_size - s["dealt"]
-        parts.append(_thermometer(left, r.deck_size - p * h))
-        fw = s["fireworks"]
-        fire = torch.zeros(b, c, rk, device=dev)
-        fire.scatter_(2, (fw - 1).clamp(min=0)[..., None], 1.0)
-        parts.append((fire * (fw > 0)[..., None]).reshape(b, -1))
-        parts.append(_thermometer(s["info"], r.max_information_tokens))
-        parts.append(_thermometer(s["life"], r.max_life_tokens))
-
-        # discards: per card, a thermometer over its copies
-        disc = []
-        for k in range(cards):
-            disc.append(_thermometer(s["discards"][:, k], int(self.card_counts[k])))
-        parts.append(torch.cat(disc, dim=1))
-
-        # the last move
-        kind = s["last_kind"]
-        has = kind >= 0
-        hint_kind = (kind == REVEAL_COLOR) | (kind == REVEAL_RANK)
-        leave_kind = (kind == PLAY) | (kind == DISCARD)
-        last = [
-            _onehot((s["last_player"] - observer) % p, p, has),
-            _onehot(kind.clamp(min=0), 4, has),
-            _onehot((s["last_target"] - observer) % p, p, hint_kind),
-            _onehot(s["last_color"], c, kind == REVEAL_COLOR),
-            _onehot(s["last_rank"], rk, kind == REVEAL_RANK),
-            (s["last_revealed"] & hint_kind[:, None]).float(),
-            _onehot(s["last_slot"], h, leave_kind),
-            _onehot(s["last_card"], cards, leave_kind),
-            (s["last_scored"] & (kind == PLAY)).float()[:, None],
-            # the HLE sets this bit for plays only (a discard's token is not encoded)
-            (s["last_token"] & (kind == PLAY)).float()[:, None],
+        board = [
+            self._deck_bits < left[:, None],
+            (s["fireworks"][:, :, None] - 1 == self._rank_ids).reshape(b, cards),
+            self._info_bits < s["info"][:, None],
+            self._life_bits < s["life"][:, None],
+            s["discards"][:, self._discard_card] > self._discard_copy,
         ]
-        parts.extend(last)
+        parts.append(per_game(torch.cat(board, dim=1)))
 
-        # card knowledge of every player, from the observer's seat on
-        color_ok = s["color_ok"].gather(1, seats[:, :, None, None].expand(b, p, h, c))
-        rank_ok = s["rank_ok"].gather(1, seats[:, :, None, None].expand(b, p, h, rk))
-        plausible = (color_ok[..., :, None] & rank_ok[..., None, :]).reshape(b, p, h, cards)
-        chint = s["color_hint"].gather(1, seats[:, :, None].expand(b, p, h))
-        rhint = s["rank_hint"].gather(1, seats[:, :, None].expand(b, p, h))
+        kind = s["last_kind"]
+        observers = self._seat_ids[None, :]  # [1, P]
+        has = (kind >= 0)[:, None, None]
+        hint = ((kind == REVEAL_COLOR) | (kind == REVEAL_RANK))[:, None, None]
+        leave = ((kind == PLAY) | (kind == DISCARD))[:, None, None]
+        actor = (s["last_player"][:, None] - observers) % p  # [B, P]
+        target = (s["last_target"][:, None] - observers) % p
+        game_wide = torch.cat(
+            [
+                (kind[:, None] == self._kind_ids) & has[:, 0],
+                (s["last_color"][:, None] == self._color_ids) & (kind == REVEAL_COLOR)[:, None],
+                (s["last_rank"][:, None] == self._rank_ids) & (kind == REVEAL_RANK)[:, None],
+                s["last_revealed"] & hint[:, 0],
+                (s["last_slot"][:, None] == self._slots) & leave[:, 0],
+                (s["last_card"][:, None] == self._card_ids) & leave[:, 0],
+                (s["last_scored"] & (kind == PLAY))[:, None],
+                # the HLE sets this bit for plays only (a discard's token is not encoded)
+                (s["last_token"] & (kind == PLAY))[:, None],
+            ],
+            dim=1,
+        )
+        parts.append((actor[:, :, None] == self._seat_ids) & has)
+        parts.append(per_game(game_wide[:, :4]))
+        parts.append((target[:, :, None] == self._seat_ids) & hint)
+        parts.append(per_game(game_wide[:, 4:]))
+
+        held = self._slots < counts[..., None]  # [B, P, P, H]
+        plausible = s["color_ok"][:, seat, :, :, None] & s["rank_ok"][:, seat, :, None, :]
         know = torch.cat(
             [
-                plausible.float(),
-                _onehot(chint.clamp(min=0), c, chint >= 0),
-                _onehot(rhint.clamp(min=0), rk, rhint >= 0),
+                plausible.reshape(b, p, p, h, cards) & held[..., None],
+                s["color_hint"][:, seat, :, None] == self._color_ids,
+                s["rank_hint"][:, seat, :, None] == self._rank_ids,
             ],
             dim=-1,
         )
-        parts.append((know * held[..., None]).reshape(b, -1))
-        return torch.cat(parts, dim=1)
-
-
-def _thermometer(count: Tensor, length: int) -> Tensor:
-    """``[B, length]``: the first ``count [B]`` entries 1."""
-    return (torch.arange(length, device=count.device)[None, :] < count[:, None]).float()
-
-
-def _onehot(index: Tensor, size: int, where: Tensor) -> Tensor:
-    """``[..., size]`` one-hot of ``index`` where ``where`` is True, zeros elsewhere."""
-    out = torch.nn.functional.one_hot(index.clamp(0, size - 1), size).float()
-    return out * where[..., None].float()
+        parts.append(know.reshape(b, p, -1))
+        return torch.cat(parts, dim=2)
