@@ -8,6 +8,7 @@ project has never seen.
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -349,3 +350,37 @@ def test_text_rendering_shows_hands_hints_and_tokens():
     assert "info 7" in text and "lives 3" in text and "fireworks: R0 Y0 G0 W0 B0" in text
     assert "player 1: R3||R?  R3||R?  R4||R?  R4||R?  R5||R?" in text
     assert "player 0: R1||??" in text
+
+
+# -- the rule-based baseline --------------------------------------------------------------------
+
+
+def test_the_scripted_player_moves_legally_and_never_misplays():
+    from mappo.envs.hanabi.scripted import scripted_moves
+
+    env = make("hanabi/full-3p", num_envs=64, seed=3)
+    env.reset()
+    env.validate_actions = False
+    lives = env.games.state["life"].clone()
+    for _ in range(150):
+        moves = scripted_moves(env)
+        live = ~env.games.state["over"]
+        legal = env.games.legal_moves().gather(1, moves[:, None]).squeeze(1)
+        assert legal[live].all()
+        step = env.step({"players": moves[:, None, None].expand(64, 3, 1)})
+        # it only plays cards that the hints prove playable: no life is ever lost
+        assert (step.stats["lives_lost"][step.done] == 0).all()
+        lives = env.games.state["life"]
+        assert (lives == 3).all()
+
+
+def test_scripted_baseline_from_the_command_line(capsys):
+    from mappo.cli import main
+
+    assert main(["eval", "--scripted", "hanabi/full-2p", "--episodes", "64", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["task"] == "hanabi/full-2p" and out["algo"] == "scripted"
+    # well above random play (which scores about 0) on 64 games
+    assert out["score"] > 10 and 0 <= out["perfect"] <= 1
+    assert main(["eval", "--scripted", "hanabi/full-9p"]) == 2
+    assert "unknown Hanabi variant 'hanabi/full-9p'" in capsys.readouterr().err

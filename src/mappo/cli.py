@@ -111,6 +111,19 @@ def cmd_eval_scripted(args: argparse.Namespace) -> int:
     from mappo.envs.smac.scripted import evaluate_scripted
 
     config_mod.check_device(args.device)
+    if args.path.startswith("hanabi/"):
+        from mappo.envs.hanabi.scripted import evaluate_scripted as hanabi_scripted
+        from mappo.envs.registry import list_envs
+
+        names = [entry.name for entry in list_envs()]
+        if args.path not in names:
+            known = ", ".join(n for n in names if n.startswith("hanabi/"))
+            raise config_mod.ConfigError(
+                f"unknown Hanabi variant {args.path!r}; the scripted player plays {known}"
+            )
+        result = hanabi_scripted(args.path, args.episodes, args.seed, args.device)
+        _print_result({"task": args.path, "algo": "scripted", **result}, args.json)
+        return 0
     name = args.path.removeprefix("smac/")
     get_map(name)  # an unknown map is a one-line error naming the nearest one
     result = evaluate_scripted(name, episodes=args.episodes, seed=args.seed, device=args.device)
@@ -318,7 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--scripted",
         action="store_true",
-        help="evaluate the scripted baseline (attack the closest enemy) on PATH = smac/<map>",
+        help="evaluate the scripted baseline on PATH = smac/<map> (attack the closest enemy) "
+        "or hanabi/<variant> (play what hints prove playable, hint playable cards, discard "
+        "the oldest unhinted card)",
     )
     e.set_defaults(func=cmd_eval)
 
