@@ -414,3 +414,23 @@ def test_a_short_run_improves_its_score(tmp_path):
     run = train(cfg)
     assert start["eval_score"] < 1.2
     assert run.summary["eval_score"] >= start["eval_score"] + 0.7
+
+
+def test_games_render_to_frames_of_one_size(tmp_path):
+    from mappo.cli import main
+
+    env = make("hanabi/full-5p", num_envs=2, seed=0)
+    step = env.reset()
+    gen = torch.Generator().manual_seed(0)
+    shapes = set()
+    for _ in range(40):
+        frame = env.render(1)
+        assert frame.dtype == np.uint8 and frame.ndim == 3 and frame.shape[2] == 3
+        assert (frame < 255).any()  # something is drawn
+        shapes.add(frame.shape)
+        step = env.step(_random_actions(step, gen))
+    assert len(shapes) == 1
+    assert "last move: player" in env.render_text(1)
+    gif = tmp_path / "game.gif"
+    assert main(["render", "hanabi/full-2p", "--gif", str(gif), "--steps", "20"]) == 0
+    assert gif.stat().st_size > 0

@@ -21,11 +21,15 @@ A game is replayed exactly by dealing a given deck order (:meth:`HanabiEnv.deal`
 
 from __future__ import annotations
 
+import math
+import textwrap
+
+import numpy as np
 import torch
 from torch import Tensor
 
 from mappo.envs.base import ActionSpec, BatchedEnv, EnvError, EnvSpec, EnvStep, GroupSpec
-from mappo.envs.hanabi.game import HanabiGames, HanabiRules
+from mappo.envs.hanabi.game import DISCARD, PLAY, REVEAL_COLOR, HanabiGames, HanabiRules
 
 COLOR_LETTERS = "RYGWB"
 
@@ -233,4 +237,58 @@ class HanabiEnv(BatchedEnv):
             lines.append(f"player {p}: " + "  ".join(cards))
         disc = [f"{card(c)}x{int(n)}" for c, n in enumerate(s["discards"][i].tolist()) if n > 0]
         lines.append("discards: " + (" ".join(disc) if disc else "-"))
+        lines.append("last move: " + self._last_move_text(i))
         return "\n".join(lines)
+
+    def _last_move_text(self, i: int) -> str:
+        r, s = self.rules, self.games.state
+        kind = int(s["last_kind"][i])
+        if kind < 0:
+            return "-"
+        who = f"player {int(s['last_player'][i])}"
+        if kind in (PLAY, DISCARD):
+            c = int(s["last_card"][i])
+            what = f"{COLOR_LETTERS[c // r.ranks]}{c % r.ranks + 1}"
+            slot = int(s["last_slot"][i])
+            if kind == DISCARD:
+                return f"{who} discarded {what} (slot {slot})"
+            ok = "scored" if bool(s["last_scored"][i]) else "misplayed, a life lost"
+            return f"{who} played {what} (slot {slot}): {ok}"
+        value = int(s["last_color"][i])
+        told = COLOR_LETTERS[value] if kind == REVEAL_COLOR else str(value + 1)
+        slots = [k for k in range(r.hand) if bool(s["last_revealed"][i, k])]
+        return f"{who} told player {int(s['last_target'][i])}: {told} at slots {slots}"
+
+    def render(self, env_index: int = 0, size: int = 400) -> np.ndarray:
+        """Game ``env_index`` drawn as its text (:meth:`render_text`), each card in its color:
+        an RGB frame ``[H, W, 3]`` uint8 (``size`` is the least width in pixels)."""
+        from PIL import Image, ImageDraw, ImageFont
+
+        # Every frame has the same size (a GIF needs it): 88 characters a line, long lines
+        # (the discards) wrapped, room for the most lines a game of these rules can have.
+        chars = 88
+        lines = []
+        for line in self.render_text(env_index).splitlines():
+            lines.extend(textwrap.wrap(line, chars, subsequent_indent="  ") or [""])
+        font = ImageFont.load_default()
+        step = 14
+        rows = self.rules.players + 3 + math.ceil(30 * self._cards / (chars - 2)) + 2
+        image = Image.new("RGB", (max(size, 8 + 7 * chars), 10 + step * rows), (255, 255, 255))
+        draw = ImageDraw.Draw(image)
+        for row, line in enumerate(lines):
+            x, y = 6, 5 + row * step
+            for word in line.split(" "):
+                ink = _INK.get(word[:1], (0, 0, 0)) if "||" in word else (0, 0, 0)
+                draw.text((x, y), word, fill=ink, font=font)
+                x += int(draw.textlength(word + " ", font=font))
+        return np.asarray(image, dtype=np.uint8)
+
+
+# The card colors' ink in a rendered frame (white cards in grey, to show on white).
+_INK = {
+    "R": (200, 30, 30),
+    "Y": (190, 150, 0),
+    "G": (20, 140, 40),
+    "W": (120, 120, 120),
+    "B": (30, 70, 200),
+}
