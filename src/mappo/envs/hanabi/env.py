@@ -9,8 +9,10 @@ of the score. Observations are each player's canonical HLE observation
 
 The global state (the centralized critic's input) is the observation of the player to act with
 that player's own hand added (one-hot per slot): the only information the players do not share
-is their own cards, so this is the whole game state seen from the acting seat (the MAPPO paper's
-choice of a critic input that sees the acting player's hidden hand).
+is their own cards, so this is the whole game seen from the acting seat. It is the paper code's
+critic input (its Hanabi env's ``share_obs``: the acting player's own hand and observation),
+without the one-hot of the player to act that the paper code appends to both inputs (here only
+the acting player's inputs enter the losses).
 
 Games end by themselves (lives, complete fireworks, the last round after the deck); no time
 limit cuts them, so every end is a termination. Episode statistics: ``score``, ``perfect`` (1
