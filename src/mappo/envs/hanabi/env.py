@@ -31,7 +31,14 @@ import torch
 from torch import Tensor
 
 from mappo.envs.base import ActionSpec, BatchedEnv, EnvError, EnvSpec, EnvStep, GroupSpec
-from mappo.envs.hanabi.game import DISCARD, PLAY, REVEAL_COLOR, HanabiGames, HanabiRules
+from mappo.envs.hanabi.game import (
+    DISCARD,
+    PLAY,
+    REVEAL_COLOR,
+    HanabiGames,
+    HanabiRules,
+    as_float,
+)
 
 COLOR_LETTERS = "RYGWB"
 
@@ -191,8 +198,8 @@ class HanabiEnv(BatchedEnv):
         rows = torch.arange(e, device=self.device)
         hand = g.state["hands"][rows, me]  # [E, H]; empty slots (-1) one-hot to nothing
         hand_bits = hand[:, :, None] == torch.arange(self._cards, device=self.device)
-        state = torch.cat([views[rows, me], hand_bits.reshape(e, -1)], dim=1).float()
-        obs = views.float()
+        state = as_float(torch.cat([views[rows, me], hand_bits.reshape(e, -1)], dim=1))
+        obs = as_float(views)
         alive = self._seats[None, :] == me[:, None]
         legal = g.legal_moves()
         idle = torch.zeros_like(legal)
