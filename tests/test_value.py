@@ -254,6 +254,29 @@ def test_padded_steps_do_not_change_the_loss():
             torch.testing.assert_close(td_loss(nets, target, other, algo).loss, base.loss)
 
 
+def test_time_limit_bootstraps_only_when_asked():
+    """Spread's episodes all end by the 25-step limit. With ``bootstrap_truncation`` the last
+    step's target reads the final observation (PyMARL); without it the limit ends the return
+    (EPyMARL, the particle-world presets), so the final observation cannot change the loss."""
+    env, nets, cfg, collector, _ = _collect("mpe/simple_spread", 4)
+    batch, _ = collector.collect(epsilon=1.0, seed=0)
+    assert bool(batch.truncated.any()) and not bool(batch.terminated.any())
+    target = QNetworks(env.spec, cfg.model, cfg.algo)
+    final = batch.map(lambda x: x.clone())
+    last = batch.filled.sum(0)  # index of each episode's final observation
+    cols = torch.arange(final.state.shape[1])
+    final.state[last, cols] += 3.0
+    final.obs["agents"][last, cols] += 3.0
+    for bootstrap in (True, False):
+        algo = C.ValueConfig(name="qmix", bootstrap_truncation=bootstrap)
+        before = td_loss(nets, target, batch, algo).loss
+        after = td_loss(nets, target, final, algo).loss
+        assert bool(before != after) == bootstrap
+    assert C.load("mpe/simple_spread_qmix").algo.bootstrap_truncation is False
+    assert C.load("lbf/8x8-2p-2f-coop_qmix").algo.bootstrap_truncation is False
+    assert C.load("smac/3m_qmix").algo.bootstrap_truncation is True
+
+
 def test_value_family_refuses_multi_head_actions():
     with pytest.raises(C.ConfigError, match="one discrete action per agent"):
         train("mpe/simple_reference", {"algo.name": "qmix", "progress": False})

@@ -214,6 +214,12 @@ class ValueConfig:
     standardise_rewards: bool = _field(
         False, "Standardise rewards with running statistics before the targets (EPyMARL)."
     )
+    bootstrap_truncation: bool = _field(
+        True,
+        "Bootstrap the target of a step that a time limit cut from the final observation "
+        "(PyMARL on SMAC); false treats the time limit as terminal, as EPyMARL does on the "
+        "particle world and LBF (its wrappers never report the limit).",
+    )
     mixing_embed_dim: int = _field(32, "QMIX mixing network width.", low=1)
     hypernet_layers: int = _field(2, "QMIX hypernetwork depth (1 or 2 layers).", low=1, high=2)
     hypernet_embed: int = _field(64, "QMIX hidden width of two-layer hypernetworks.", low=1)
@@ -257,6 +263,12 @@ class ComaConfig:
         "linear", "Epsilon schedule over env steps.", choices=("linear", "exponential")
     )
     last_action: bool = _field(True, "Feed the agent's previous action (one-hot) to its network.")
+    bootstrap_truncation: bool = _field(
+        True,
+        "Bootstrap the target of a step that a time limit cut from the final observation "
+        "(PyMARL on SMAC); false treats the time limit as terminal, as EPyMARL does on the "
+        "particle world and LBF (its wrappers never report the limit).",
+    )
 
 
 # Which dataclass holds the algo.* fields of each algorithm name.

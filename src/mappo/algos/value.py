@@ -6,7 +6,9 @@ target network gives the value of the next step (double Q: the online network pi
 action, the target network values it), the targets are one-step, n-step or TD(lambda) returns
 over the stored episode, and the loss is the mean squared TD error over the steps the episodes
 filled (Rashid et al. 2018, "QMIX", Section 4; PyMARL's ``QLearner``; pymarl2's TD(lambda)).
-Termination never bootstraps; a time-limit truncation bootstraps from the final observation.
+Termination never bootstraps; a time-limit truncation bootstraps from the final observation
+(``bootstrap_truncation``, PyMARL's convention) or ends the return (EPyMARL's on the particle
+world: with the bootstrap, QMIX's mixed Q ramps up along Spread's 25 steps and diverges).
 
 Shapes: ``T`` steps of the longest sampled episode (``T + 1`` stored with the final
 observation), ``B`` episodes, ``n`` agents of a group, ``N`` agents of all groups, ``A``
@@ -96,6 +98,8 @@ def td_loss(
             rewards = reward_norm.standardise(rewards)
         rewards = rewards.unsqueeze(-1).expand_as(next_values)
         term, ends = batch.terminated[:-1], batch.ends[:-1]
+        if not cfg.bootstrap_truncation:
+            term = ends  # a time limit ends the return like a terminal state
         if cfg.targets == "td_lambda":
             targets = lambda_targets(rewards, next_values, term, ends, cfg.gamma, cfg.td_lambda)
         else:

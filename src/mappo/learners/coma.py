@@ -94,7 +94,12 @@ class ComaLearner:
             n = values.shape[-1]
             rewards = b.reward[:-1].unsqueeze(-1).expand(-1, -1, n)
             targets = lambda_targets(
-                rewards, values[1:], b.terminated[:-1], b.ends[:-1], algo.gamma, algo.td_lambda
+                rewards,
+                values[1:],
+                b.terminated[:-1] if algo.bootstrap_truncation else b.ends[:-1],
+                b.ends[:-1],
+                algo.gamma,
+                algo.td_lambda,
             )  # [T, B, n]
         filled = b.filled[:-1].unsqueeze(-1).expand(-1, -1, n).to(targets.dtype)
         critic_params = list(critic.parameters())
