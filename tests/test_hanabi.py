@@ -434,3 +434,31 @@ def test_games_render_to_frames_of_one_size(tmp_path):
     gif = tmp_path / "game.gif"
     assert main(["render", "hanabi/full-2p", "--gif", str(gif), "--steps", "20"]) == 0
     assert gif.stat().st_size > 0
+
+
+def test_a_resumed_run_lands_where_the_whole_run_lands(tmp_path):
+    """Checkpoints hold the games in progress (get_state / set_state) and the deck generator,
+    so a run resumed from its middle checkpoint ends with the whole run's parameters."""
+    from mappo.trainer import resume, train
+
+    common = {
+        "env.name": "hanabi/small-2p",
+        "env.num_envs": 8,
+        "rollout_length": 20,
+        "total_env_steps": 8 * 20 * 4,
+        "checkpoint_interval": 2,
+        "eval_interval": 0,
+        "eval_episodes": 2,
+        "threads": 1,
+        "progress": False,
+        "tensorboard": False,
+    }
+    whole = train("hanabi/full-2p_fast", {**common, "run_dir": str(tmp_path / "whole")})
+    part = train("hanabi/full-2p_fast", {**common, "run_dir": str(tmp_path / "part")})
+    for p in sorted((part.dir / "checkpoints").glob("iter_*.pt")):
+        if p.name > "iter_00000002.pt":
+            p.unlink()
+    resumed = resume(part.dir)
+    want = whole.policy.state_dict()
+    for k, v in resumed.policy.state_dict().items():
+        torch.testing.assert_close(v, want[k], rtol=0, atol=0, msg=k)
