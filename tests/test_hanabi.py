@@ -274,15 +274,22 @@ def test_only_the_player_to_act_moves():
     assert not torch.equal(obs[:, 0], obs[:, 1])
 
 
-def test_episodes_end_reset_and_report_their_score():
+@pytest.mark.parametrize("sync_free", [False, True], ids=["cpu-path", "gpu-path"])
+def test_episodes_end_reset_and_report_their_score(sync_free):
+    """Auto-reset with final views and episode statistics, on the CPU's path and on the GPU's
+    (no host sync: every game draws a deck, the unfinished keep theirs), run here on the CPU."""
     env = make("hanabi/full-2p", num_envs=16, seed=2)
+    env._sync_free = sync_free
     step = env.reset()
     gen = torch.Generator().manual_seed(1)
     ended = 0
     for _ in range(200):
         before = env.games.score().clone()
+        decks = env.games.state["deck"].clone()
         step = env.step(_random_actions(step, gen))
         done = step.terminated
+        # games still running keep their deck; finished ones were dealt a new one
+        assert torch.equal(env.games.state["deck"][~done], decks[~done])
         assert not step.truncated.any()
         if done.any():
             ended += int(done.sum())

@@ -87,6 +87,8 @@ class HanabiEnv(BatchedEnv):
         )
         self._length = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
         self._seats = torch.arange(r.players, device=self.device)
+        self._sync_free = self.device.type == "cuda"
+        """Step without reading anything back to the host (the GPU path)."""
 
     # -- the contract ----------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> EnvStep:
@@ -136,10 +138,17 @@ class HanabiEnv(BatchedEnv):
         }
         obs, state, mask, alive = self._views()
         final = (obs, state, mask)
-        if bool(done.any()):
-            # Finished games start again at once (auto-reset); their final views stay in final_*.
-            # Only the finished games draw a deck (shuffling all of them is the costliest
-            # part of a step at thousands of games).
+        # Finished games start again at once (auto-reset); their final views stay in final_*.
+        if self._sync_free:
+            # On a GPU: no host sync (no test of done, no index list); every game draws a deck
+            # and the unfinished ones keep theirs.
+            fresh = g.shuffled_decks(self.generator)
+            g.reset(torch.where(done[:, None], fresh, g.state["deck"]), done)
+            self._length = torch.where(done, 0, self._length)
+            obs, state, mask, alive = self._views()
+        elif bool(done.any()):
+            # On the CPU only the finished games draw a deck (shuffling all of them is the
+            # costliest part of a step at thousands of games).
             ids = done.nonzero().squeeze(1)
             decks = g.state["deck"].clone()
             decks[ids] = g.shuffled_decks(self.generator, ids.numel())
