@@ -148,13 +148,17 @@ class HanabiEnv(BatchedEnv):
             obs, state, mask, alive = self._views()
         elif bool(done.any()):
             # On the CPU only the finished games draw a deck (shuffling all of them is the
-            # costliest part of a step at thousands of games).
+            # costliest part of a step at thousands of games), and only their views are
+            # computed again.
             ids = done.nonzero().squeeze(1)
             decks = g.state["deck"].clone()
             decks[ids] = g.shuffled_decks(self.generator, ids.numel())
             g.reset(decks, done)
             self._length = torch.where(done, 0, self._length)
-            obs, state, mask, alive = self._views()
+            new = self._views(g.select(ids))
+            obs, state, mask, alive = (x.clone() for x in (obs, state, mask, alive))
+            for whole, part in zip((obs, state, mask, alive), new, strict=True):
+                whole[ids] = part
         shared = reward[:, None].expand(self.num_envs, self.rules.players).contiguous()
         return EnvStep(
             obs={"players": obs},
@@ -198,10 +202,11 @@ class HanabiEnv(BatchedEnv):
         return self._first_step()
 
     # -- views -----------------------------------------------------------------------------------
-    def _views(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _views(self, games: HanabiGames | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Every player's observation ``[E, P, obs]``, the state ``[E, state]``, the action masks
-        ``[E, P, M]`` and who acts ``[E, P]``."""
-        g, e = self.games, self.num_envs
+        ``[E, P, M]`` and who acts ``[E, P]``, of every game (or of ``games``, a selection)."""
+        g = self.games if games is None else games
+        e = g.batch
         me = g.state["player"]
         views = g.observe_all()  # [E, P, obs] bool, by seat
         rows = torch.arange(e, device=self.device)

@@ -28,6 +28,7 @@ Shapes: ``B`` games, ``P`` players, ``H`` hand size, ``C`` colors, ``R`` ranks, 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -134,6 +135,15 @@ class HanabiGames:
             [torch.arange(int(n), device=dev) for n in counts.repeat(r.colors)]
         )
         self.state: dict[str, Tensor] = {}
+
+    def select(self, ids: Tensor) -> HanabiGames:
+        """The games ``ids [K]`` as a batch of their own (copies of their state; the rules'
+        tables shared), e.g. to observe only the games that were just reset."""
+        sub = copy.copy(self)
+        sub.batch = int(ids.numel())
+        sub._rows = torch.arange(sub.batch, device=self.device)
+        sub.state = {k: v[ids] for k, v in self.state.items()}
+        return sub
 
     # -- dealing -------------------------------------------------------------------------------
     def shuffled_decks(
