@@ -302,6 +302,17 @@ def test_episodes_end_reset_and_report_their_score(sync_free):
             got = before[done] + step.reward["players"][done, 0]
             torch.testing.assert_close(got, step.stats["score"][done])
             assert not torch.equal(step.final_obs["players"][done], step.obs["players"][done])
+            # a finished game's final masks let nobody act but allow the idle move 0
+            final_mask = step.final_action_mask["players"][done]
+            assert final_mask[..., 0].all() and not final_mask[..., 1:].any()
+            # the new games: player 0 to act
+            assert step.alive["players"][done, 0].all()
+        # what the step returns is what the games now show, every game, both reset paths
+        obs, state, mask, alive = env._views()
+        assert torch.equal(step.obs["players"], obs) and torch.equal(step.state, state)
+        assert torch.equal(step.action_mask["players"], mask)
+        assert torch.equal(step.alive["players"], alive)
+        assert step.action_mask["players"].any(-1).all()
     assert ended > 16
 
 
@@ -312,6 +323,15 @@ def test_seeding_replays_and_decks_can_be_dealt():
     decks = a.games.shuffled_decks(torch.Generator().manual_seed(3))
     step = a.deal(decks)
     assert torch.equal(a.games.state["hands"][:, 0], decks[:, :5])
+    # the games keep a copy: changing the caller's tensor later changes nothing
+    kept = decks.clone()
+    decks[:, :] = 0
+    assert torch.equal(a.games.state["deck"], kept)
+    decks = kept
+    # any integer array is accepted
+    a.deal(decks.to(torch.int32))
+    a.deal(decks.numpy().astype(np.int32))
+    assert torch.equal(a.games.state["deck"], decks)
     assert step.state.shape == (4, a.spec.state_shape[0])
     bad = decks.clone()
     bad[0, 0] = bad[0, 1] = 0  # one card too many of red 1 and one too few of something
@@ -346,6 +366,22 @@ def test_state_round_trip_replays_the_same_game():
         assert torch.equal(x, y)
     with pytest.raises(EnvError, match="set_state needs the keys"):
         env.set_state({"hands": saved["hands"]})
+    # a subset of the games: they take the saved games' state, the others stay as they are
+    now = env.get_state()
+    ids = torch.tensor([3, 1])
+    env.set_state({k: v[ids] for k, v in saved.items()}, ids)
+    after = env.get_state()
+    others = torch.tensor([0, 2, 4, 5])
+    for k in saved:
+        assert torch.equal(after[k][ids], saved[k][ids]), k
+        assert torch.equal(after[k][others], now[k][others]), k
+    for bad, message in (
+        (torch.tensor([True, False, True, False, False, False]), "integer indices"),
+        (torch.tensor([0, 6]), "must lie in"),
+        (torch.tensor([1, 1]), "must not repeat"),
+    ):
+        with pytest.raises(EnvError, match=message):
+            env.set_state({k: v[:2] for k, v in saved.items()}, bad)
 
 
 def test_text_rendering_shows_hands_hints_and_tokens():
@@ -368,12 +404,10 @@ def test_the_scripted_player_moves_legally_and_never_misplays():
     env = make("hanabi/full-3p", num_envs=64, seed=3)
     env.reset()
     env.validate_actions = False
-    lives = env.games.state["life"].clone()
     for _ in range(150):
         moves = scripted_moves(env)
-        live = ~env.games.state["over"]
         legal = env.games.legal_moves().gather(1, moves[:, None]).squeeze(1)
-        assert legal[live].all()
+        assert legal.all()  # games restart when they end, so every game has a move to make
         step = env.step({"players": moves[:, None, None].expand(64, 3, 1)})
         # it only plays cards that the hints prove playable: no life is ever lost
         assert (step.stats["lives_lost"][step.done] == 0).all()
@@ -469,3 +503,14 @@ def test_a_resumed_run_lands_where_the_whole_run_lands(tmp_path):
     want = whole.policy.state_dict()
     for k, v in resumed.policy.state_dict().items():
         torch.testing.assert_close(v, want[k], rtol=0, atol=0, msg=k)
+
+
+def test_impossible_rules_are_refused_in_one_line():
+    for kwargs, message in (
+        ({"players": 6}, "2-5 players"),
+        ({"colors": 1, "ranks": 1}, "cards per hand"),
+        ({"hand_size": 0}, "cards per hand"),
+        ({"max_life_tokens": 0}, "at least one life token"),
+    ):
+        with pytest.raises(EnvError, match=message):
+            make("hanabi/full-2p", num_envs=1, **kwargs)

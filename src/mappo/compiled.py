@@ -72,6 +72,12 @@ def compile_fn(fn: Callable[..., Any], cuda_graphs: bool = False) -> Callable[..
     Each call compiles a fresh copy of ``fn`` (a new code object): torch keeps its compiled
     graphs per code object and refuses after a few recompilations, which would otherwise come
     from the networks of every run started in one process (tests, sweeps, notebooks).
+
+    With ``cuda_graphs``, each call starts a new step of torch's CUDA-graph trees, which lets
+    the next replay reuse the memory of everything the previous one computed. That is safe in
+    the order the PPO update runs (one loss, its backward, the clip and the optimiser step, with
+    gradients set to None before the next loss) and in the rollout (no autograd), but not for a
+    backward that runs after another compiled call, nor for gradients accumulated across calls.
     """
     fresh = types.FunctionType(
         fn.__code__.replace(),

@@ -102,7 +102,8 @@ class HanabiEnv(BatchedEnv):
         """Start every game from a given deck order ``decks [E, D]`` (card ids ``color * R +
         rank``, dealt from index 0, player 0's hand first): deck injection, for replaying a game
         exactly (e.g. one recorded in OpenSpiel)."""
-        decks = torch.as_tensor(decks, device=self.device)
+        # a copy: the games must not share memory with the caller's tensor
+        decks = torch.as_tensor(decks, device=self.device).long().clone()
         d = self.rules.deck_size
         if decks.shape != (self.num_envs, d):
             raise EnvError(f"{self.name}: decks must be [{self.num_envs}, {d}], got {decks.shape}")
@@ -180,11 +181,17 @@ class HanabiEnv(BatchedEnv):
         return out
 
     def set_state(self, state: dict[str, Tensor], env_ids: Tensor | None = None) -> EnvStep:
-        ids = (
-            torch.arange(self.num_envs, device=self.device)
-            if env_ids is None
-            else torch.as_tensor(env_ids, device=self.device).long()
-        )
+        if env_ids is None:
+            ids = torch.arange(self.num_envs, device=self.device)
+        else:
+            ids = torch.as_tensor(env_ids, device=self.device)
+            if ids.dtype in (torch.bool, torch.float16, torch.float32, torch.float64):
+                raise EnvError(f"{self.name}: env_ids must be integer indices, got {ids.dtype}")
+            ids = ids.long().reshape(-1)
+            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_envs):
+                raise EnvError(f"{self.name}: env_ids must lie in [0, {self.num_envs})")
+            if ids.unique().numel() != ids.numel():
+                raise EnvError(f"{self.name}: env_ids must not repeat an env")
         keys = set(self.games.state) | {"length"}
         if set(state) != keys:
             raise EnvError(
@@ -214,7 +221,8 @@ class HanabiEnv(BatchedEnv):
         hand_bits = hand[:, :, None] == torch.arange(self._cards, device=self.device)
         state = as_float(torch.cat([views[rows, me], hand_bits.reshape(e, -1)], dim=1))
         obs = as_float(views)
-        alive = self._seats[None, :] == me[:, None]
+        # Nobody acts in a finished game (its final views): every seat gets the idle mask.
+        alive = (self._seats[None, :] == me[:, None]) & ~g.state["over"][:, None]
         legal = g.legal_moves()
         idle = torch.zeros_like(legal)
         idle[:, 0] = True

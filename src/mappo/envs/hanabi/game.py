@@ -53,6 +53,18 @@ class HanabiRules:
             raise ValueError(
                 f"Hanabi has 1-5 colors and 1-5 ranks, got colors={self.colors}, ranks={self.ranks}"
             )
+        if self.hand < 1 or self.players * self.hand > self.deck_size:
+            raise ValueError(
+                f"hand_size={self.hand} for {self.players} players needs 1 to "
+                f"{self.deck_size // self.players} cards per hand (the deck holds "
+                f"{self.deck_size})"
+            )
+        if self.max_life_tokens < 1 or self.max_information_tokens < 0:
+            raise ValueError(
+                f"Hanabi needs at least one life token and no negative information tokens, got "
+                f"max_life_tokens={self.max_life_tokens}, "
+                f"max_information_tokens={self.max_information_tokens}"
+            )
 
     @property
     def hand(self) -> int:
@@ -161,7 +173,7 @@ class HanabiGames:
         p, h = r.players, r.hand
         decks = decks.to(dev, torch.int64)
         fresh = {
-            "deck": decks,
+            "deck": decks.clone(),
             "dealt": torch.full((b,), p * h, dtype=torch.int64, device=dev),
             "hands": decks[:, : p * h].reshape(b, p, h).clone(),
             "hand_count": torch.full((b, p), h, dtype=torch.int64, device=dev),
