@@ -155,6 +155,31 @@ class TinyEnv(ParallelEnv):
         return {"action_mask": self._mask(agent)} if self.masks == "info" else {}
 
 
+class ScoredTinyEnv(TinyEnv):
+    """:class:`TinyEnv` that reports ``steps_played`` and ``bonus`` in every agent's info on the
+    step that ends an episode (declared in ``episode_stats``), and draws itself: an ``[8, 12, 3]``
+    frame filled with the step count, or ``None`` without ``render_mode="rgb_array"``."""
+
+    episode_stats = ("steps_played", "bonus")
+
+    def __init__(self, render_mode: str | None = None, stat_value: object = 1.5, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.render_mode = render_mode
+        self.stat_value = stat_value
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        obs, rewards, terms, truncs, infos = super().step(actions)
+        if not self.agents:
+            for info in infos.values():
+                info.update(steps_played=self.t, bonus=self.stat_value)
+        return obs, rewards, terms, truncs, infos
+
+    def render(self) -> np.ndarray | None:
+        if self.render_mode != "rgb_array":
+            return None
+        return np.full((8, 12, 3), self.t, np.uint8)
+
+
 def _width(space: spaces.Space) -> int:
     """Entries of a flat action mask for ``space`` (a Box's size, for the refusal test)."""
     if hasattr(space, "nvec"):

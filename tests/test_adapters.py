@@ -6,6 +6,7 @@ Fault handling of worker processes (raise, hang, kill) is in ``test_adapter_faul
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_adapter_envs import TinyEnv, tiny
+from test_adapter_envs import ScoredTinyEnv, TinyEnv, tiny
 
 from mappo.envs import ActionError, EnvError, make
 from mappo.envs.adapters import (
@@ -346,6 +347,71 @@ def test_the_episode_limit_truncates_an_env_that_reports_termination() -> None:
         for _ in range(3):
             out = env.step({"agent": torch.ones(1, 2, dtype=torch.int64)})
         assert bool(getattr(out, expected)) and bool(out.done)
+
+
+# -- episode statistics and rendering -----------------------------------------------------------
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_episode_statistics_come_from_the_infos_of_the_last_step(num_workers: int) -> None:
+    factory = functools.partial(ScoredTinyEnv, max_cycles=3)
+    with PettingZooAdapter(factory, num_envs=2, num_workers=num_workers) as env:
+        assert env.spec.stat_names == ("episode_return", "episode_length", "steps_played", "bonus")
+        env.reset(seed=0)
+        ones = {"agent": torch.ones(2, 2, 1, dtype=torch.int64)}
+        for t in range(1, 4):
+            out = env.step(ones)
+            if t < 3:  # nothing is reported before an episode ends
+                assert out.stats["steps_played"].tolist() == [0.0, 0.0]
+        assert out.truncated.all()
+        assert out.stats["steps_played"].tolist() == [3.0, 3.0]
+        assert out.stats["bonus"].tolist() == [1.5, 1.5]
+        assert out.stats["episode_length"].tolist() == [3.0, 3.0]
+    # The option overrides the env's list; names it cannot find, or that are not numbers, are
+    # reported with the env, the copy and the fix.
+    with PettingZooAdapter(factory, num_envs=1, num_workers=0, episode_stats=["bonus"]) as env:
+        assert env.spec.stat_names[2:] == ("bonus",)
+    bad = functools.partial(ScoredTinyEnv, max_cycles=1, stat_value="high")
+    with PettingZooAdapter(bad, num_envs=1, num_workers=0, name="s") as env:
+        env.reset()
+        with pytest.raises(EnvOutputError, match="s: copy 0: episode statistic 'bonus' is 'high'"):
+            env.step({"agent": torch.ones(1, 2, 1, dtype=torch.int64)})
+    with PettingZooAdapter(
+        factory, num_envs=1, num_workers=0, name="s", episode_stats=["goals"]
+    ) as env:
+        env.reset()
+        one = {"agent": torch.ones(1, 2, 1, dtype=torch.int64)}
+        env.step(one)
+        env.step(one)
+        with pytest.raises(EnvOutputError, match="'goals' is in no agent's info .* drop it"):
+            env.step({"agent": torch.ones(1, 2, 1, dtype=torch.int64)})
+    for names, message in (
+        ("bonus", "must be a list of names"),
+        (["episode_return"], "must not name 'episode_return'"),
+        (["a", "a"], "names a statistic twice"),
+        (["no spaces"], "must be identifiers"),
+    ):
+        with pytest.raises(EnvError, match=message):
+            PettingZooAdapter(factory, num_envs=1, num_workers=0, episode_stats=names)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_render_draws_the_copy_in_its_worker(num_workers: int) -> None:
+    factory = functools.partial(ScoredTinyEnv, render_mode="rgb_array", max_cycles=9)
+    with PettingZooAdapter(factory, num_envs=2, num_workers=num_workers, name="s") as env:
+        with pytest.raises(EnvError, match="call reset"):
+            env.render(0)
+        env.reset()
+        env.step({"agent": torch.ones(2, 2, 1, dtype=torch.int64)})
+        frame = env.render(1)
+        assert frame.shape == (8, 12, 3) and frame.dtype == np.uint8 and (frame == 1).all()
+        with pytest.raises(EnvError, match="env_index must be in 0..1"):
+            env.render(2)
+        env.step({"agent": torch.ones(2, 2, 1, dtype=torch.int64)})  # the batch still steps
+    # An env made without render_mode returns None: a clear error, and the batch lives on.
+    with PettingZooAdapter(ScoredTinyEnv, num_envs=2, num_workers=num_workers, name="s") as env:
+        env.reset()
+        with pytest.raises(NotImplementedError, match="render\\(\\) returned None"):
+            env.render(0)
+        env.step({"agent": torch.ones(2, 2, 1, dtype=torch.int64)})
 
 
 # -- malformed output --------------------------------------------------------------------------

@@ -141,7 +141,7 @@ def test_an_adapter_env_cannot_render(tmp_path: Path, capsys: pytest.CaptureFixt
     err = capsys.readouterr().err
     assert err == (
         "mappo: error: environment 'pettingzoo:test_adapter_envs:TinyEnv' cannot render frames "
-        "(the adapter does not draw wrapped PettingZoo or Gymnasium environments); "
+        "(the wrapped environment does not draw: its render() is not implemented); "
         "evaluate without --gif\n"
     )
     assert not gif.exists()

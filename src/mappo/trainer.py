@@ -37,6 +37,7 @@ from mappo.checkpoint import (  # noqa: F401 - re-exported: part of the trainer'
 from mappo.config import TrainConfig
 from mappo.data import spec_to_dict
 from mappo.envs.registry import make as make_env
+from mappo.envs.registry import uses_workers
 from mappo.evaluation import evaluate
 from mappo.learners import Learner, make_learner
 from mappo.logging import MetricsLogger, ProgressBar
@@ -295,7 +296,7 @@ class Trainer:
 def _check_memory(cfg: TrainConfig, device: torch.device) -> None:
     """Refuse a run whose estimated memory exceeds what is free (see :mod:`mappo.resources`),
     before its environments allocate anything."""
-    adapter = ":" in cfg.env.name
+    adapter = uses_workers(cfg.env.name)
     if adapter and cfg.env.num_envs + cfg.eval_episodes <= _PROBE_ADAPTERS_ABOVE:
         return
     kwargs = dict(cfg.env.kwargs)

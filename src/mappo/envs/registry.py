@@ -25,6 +25,8 @@ class EnvEntry:
     name: str
     factory: EnvFactory
     description: str
+    workers: bool = False
+    """Whether the env steps Python games in worker processes (as the adapters do)."""
 
 
 _ENVS: dict[str, EnvEntry] = {}
@@ -32,9 +34,18 @@ _SCHEMES: dict[str, EnvFactory] = {}
 """Scheme prefix (e.g. ``pettingzoo``) -> ``factory(target, num_envs, device, seed, **kwargs)``."""
 
 
-def register(name: str, factory: EnvFactory, description: str = "") -> None:
-    """Make ``name`` available to :func:`make` and to configs."""
-    _ENVS[name] = EnvEntry(name, factory, description)
+def register(name: str, factory: EnvFactory, description: str = "", workers: bool = False) -> None:
+    """Make ``name`` available to :func:`make` and to configs (``workers``: see
+    :func:`uses_workers`)."""
+    _ENVS[name] = EnvEntry(name, factory, description, workers)
+
+
+def uses_workers(name: str) -> bool:
+    """Whether ``name`` is an env of Python games stepped in worker processes: an adapter scheme
+    (``pettingzoo:...``) or a registered env built on the adapter (``football/...``). Probing
+    such an env starts processes, so the trainer's memory check skips it for small batches."""
+    _load_builtin()
+    return ":" in name or (name in _ENVS and _ENVS[name].workers)
 
 
 def register_scheme(scheme: str, factory: EnvFactory) -> None:
@@ -94,6 +105,7 @@ def _load_builtin() -> None:
         "mappo.envs.hanabi",
         "mappo.envs.vmas",
         "mappo.envs.adapters",
+        "mappo.envs.football",
     ):
         try:
             importlib.import_module(module)

@@ -19,7 +19,7 @@ Buffers (``E`` = copies handled here, ``n`` = agents in a group, ``d`` = flat ob
 ``[E, n]`` bool, ``mask/g`` ``[E, n, m]`` bool, ``action/g`` ``[E, n, k]`` int64 (``[E, n, d]``
 float32 for a Box action space); and per copy:
 ``state``/``final_state`` ``[E, S]`` float32, ``terminated``/``truncated`` ``[E]`` bool,
-``episode_return``/``episode_length`` ``[E]`` float32.
+``episode_return``/``episode_length`` and each extra episode statistic ``[E]`` float32.
 """
 
 from __future__ import annotations
@@ -43,8 +43,12 @@ WORKER_RUN_NAME = "__mappo_env_worker__"
 OK = b"k"
 """A worker's reply to a command that succeeded; a failure is ``b"e"`` + a pickled dict."""
 
+FRAME = b"f"
+"""The prefix of a reply to ``RENDER``: ``FRAME`` + the frame in ``.npy`` format."""
+
 STEP = b"s"
 RESET = b"r"
+RENDER = b"d"
 CLOSE = b"c"
 
 Factory = tuple[str, Any, dict[str, Any]]
@@ -400,7 +404,7 @@ class EnvRunner:
     main process: ``env_name``, ``groups`` (``[(name, [agent descriptions])]``), ``mask_modes``
     (group -> ``None``/``"obs"``/``"info"``), ``state_dim`` (``None``: the main process
     concatenates observations instead), ``episode_limit``, ``truncate_at_limit``,
-    ``check_finite``.
+    ``check_finite``, ``episode_stats`` (names read from the infos of an episode's last step).
     """
 
     def __init__(
@@ -434,6 +438,7 @@ class EnvRunner:
         self.truncated = rows("truncated")
         self.episode_return = rows("episode_return")
         self.episode_length = rows("episode_length")
+        self.extra_stats = {name: rows(name) for name in config.get("episode_stats", ())}
         self.returns = np.zeros(hi - lo, dtype=np.float64)
         self.lengths = np.zeros(hi - lo, dtype=np.int64)
         self.current: int | None = None
@@ -470,6 +475,20 @@ class EnvRunner:
         if self.check:
             self._check_finite()
 
+    def render(self, index: int) -> np.ndarray | None:
+        """Copy ``index`` (of the whole batch) drawn by its env's ``render()``: ``[H, W, 3]``
+        uint8, or ``None`` where the env returns nothing."""
+        frame = self.envs[index - self.lo].render()
+        if frame is None:
+            return None
+        frame = np.asarray(frame)
+        if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
+            raise ValueError(
+                f"{self.name}: render() returned shape {frame.shape} and dtype {frame.dtype}; "
+                "an [H, W, 3] uint8 frame is needed"
+            )
+        return frame
+
     def close(self) -> None:
         for env in self.envs:
             try:
@@ -492,6 +511,8 @@ class EnvRunner:
         self.truncated.fill(False)
         self.episode_return.fill(0.0)
         self.episode_length.fill(0.0)
+        for values in self.extra_stats.values():
+            values.fill(0.0)
 
     def _after_step(
         self, li: int, env: Any, obs: dict, rewards: dict, terms: dict, truncs: dict, infos: dict
@@ -526,7 +547,26 @@ class EnvRunner:
             self._write_state(li, env, self.final_state)
         self.episode_return[li] = self.returns[li]
         self.episode_length[li] = self.lengths[li]
+        for name, values in self.extra_stats.items():
+            values[li] = self._episode_stat(li, infos, name)
         self._reset_env(li, env, None)
+
+    def _episode_stat(self, li: int, infos: dict, name: str) -> float:
+        """The statistic ``name`` from the first agent info of the last step that has it."""
+        for info in infos.values():
+            if isinstance(info, dict) and name in info:
+                try:
+                    return float(info[name])
+                except (TypeError, ValueError):
+                    raise EnvOutputFault(
+                        f"{self.name}: copy {self.lo + li}: episode statistic {name!r} is "
+                        f"{info[name]!r}, not a number"
+                    ) from None
+        raise EnvOutputFault(
+            f"{self.name}: copy {self.lo + li}: episode statistic {name!r} is in no agent's "
+            "info on the step that ended the episode; report it there or drop it from "
+            "episode_stats"
+        )
 
     def _reset_env(self, li: int, env: Any, seed: int | None) -> None:
         obs, infos = env.reset(seed=seed)
@@ -657,6 +697,15 @@ class EnvRunner:
 
 
 # -- the worker process -------------------------------------------------------------------------
+def npy_bytes(array: np.ndarray) -> bytes:
+    """``array`` in ``.npy`` format (read back with ``np.load(..., allow_pickle=False)``)."""
+    import io
+
+    out = io.BytesIO()
+    np.save(out, array, allow_pickle=False)
+    return out.getvalue()
+
+
 def error_reply(err: BaseException, kind: str, env_index: int | None) -> bytes:
     """The reply that reports ``err`` to the main process."""
     info = {
@@ -732,6 +781,10 @@ def worker_main(
             try:
                 if command == STEP:
                     runner.step()
+                elif command[:1] == RENDER:
+                    frame = runner.render(int(command[1:]))
+                    conn.send_bytes(FRAME + (b"" if frame is None else npy_bytes(frame)))
+                    continue
                 else:
                     seed = command[1:]
                     runner.reset(int(seed) if seed else None)

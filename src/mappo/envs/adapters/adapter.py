@@ -25,7 +25,12 @@ What the adapter does with the wrapped env (the contract is in :mod:`mappo.envs.
 - **Seeding**: ``reset(seed)`` resets copy ``i`` with seed ``seed + i``; later episodes continue
   each copy's own RNG, so ``(seed, num_envs)`` replays exactly, with or without workers.
 - **Statistics**: ``episode_return`` (the episode's reward summed over steps, averaged over all
-  agents) and ``episode_length`` (steps).
+  agents) and ``episode_length`` (steps); and any number the env reports in an agent's info on
+  the step that ends an episode, named by the option ``episode_stats`` or, by default, by the
+  env's ``episode_stats`` attribute (e.g. ``success`` for Google Research Football).
+- **Rendering**: ``render(i)`` asks the worker of copy ``i`` for ``env.render()`` of that copy,
+  which must return an ``[H, W, 3]`` uint8 frame (PettingZoo envs made with
+  ``render_mode="rgb_array"``).
 
 The host round trip is in the nature of wrapping Python envs: actions go to host memory and
 observations come back to ``device`` once per step, as one copy per array.
@@ -68,6 +73,7 @@ ADAPTER_OPTIONS = frozenset(
         "truncate_at_limit",
         "check_finite",
         "global_state",
+        "episode_stats",
         "env_kwargs",
     }
 )
@@ -75,7 +81,7 @@ ADAPTER_OPTIONS = frozenset(
 to the environment (use ``env_kwargs={...}`` for an env argument with one of these names)."""
 
 EXTRAS = {"pettingzoo": "pettingzoo", "mpe2": "pettingzoo", "gymnasium": "pettingzoo"}
-EXTRAS |= {"lbforaging": "lbf", "rware": "rware"}
+EXTRAS |= {"lbforaging": "lbf", "rware": "rware", "gfootball": "football", "gym": "football"}
 """Top-level package -> the ``mappo`` extra that installs it."""
 
 STAT_NAMES = ("episode_return", "episode_length")
@@ -111,6 +117,9 @@ class ParallelEnvAdapter(BatchedEnv):
             MAPPO paper's MPE critic input), or ``"auto"``: the env's ``state()`` where it has
             one, except when it is the joined observations (as in PettingZoo's MPE), which the
             adapter then joins itself instead of having every env compute them twice.
+        episode_stats: names of numbers that the env puts in an agent's info on the step that
+            ends an episode, reported per episode beside ``episode_return`` (default: the env's
+            ``episode_stats`` attribute, else none).
     """
 
     def __init__(
@@ -132,6 +141,7 @@ class ParallelEnvAdapter(BatchedEnv):
         truncate_at_limit: bool = True,
         check_finite: bool = True,
         global_state: str = "auto",
+        episode_stats: Sequence[str] | None = None,
     ) -> None:
         self.name = name
         super().__init__(num_envs, device, seed)
@@ -168,7 +178,11 @@ class ParallelEnvAdapter(BatchedEnv):
         self._was_reset = False
         self._masks: dict[str, Tensor] = {}
 
-        descs, env_state, joined, limit = self._inspect(factory, wrap, seed, episode_limit)
+        descs, env_state, joined, limit, env_stats = self._inspect(
+            factory, wrap, seed, episode_limit
+        )
+        extra_stats = _check_stat_names(name, env_stats if episode_stats is None else episode_stats)
+        self._stat_names = STAT_NAMES + extra_stats
         if global_state == "env" and env_state is None:
             raise EnvError(f"{name}: the environment has no state(); use global_state='obs'")
         # Equal to the joined observations (and not trivially, as all zeros would be).
@@ -178,7 +192,7 @@ class ParallelEnvAdapter(BatchedEnv):
         )
         state_dim = int(env_state.size) if use_env_state else None
         members = _group_agents(name, descs, groups)
-        self.spec = _make_spec(descs, members, state_dim, limit)
+        self.spec = _make_spec(descs, members, state_dim, limit, self._stat_names)
         self._state_dim = state_dim
         self._join_index = _join_index(descs, members)
         config = {
@@ -189,6 +203,7 @@ class ParallelEnvAdapter(BatchedEnv):
             "episode_limit": limit,
             "truncate_at_limit": bool(truncate_at_limit),
             "check_finite": bool(check_finite),
+            "episode_stats": list(extra_stats),
         }
         self._buffers = SharedBuffers(self._fields(), shared=bool(ranges))
         if ranges:
@@ -254,11 +269,31 @@ class ParallelEnvAdapter(BatchedEnv):
         )
 
     def render(self, env_index: int = 0, size: int = 400) -> np.ndarray:
-        """Not available: the wrapped envs live in the workers (or the runner) and each has its
-        own ``render_mode`` convention, so the adapter does not draw them."""
-        raise NotImplementedError(
-            "the adapter does not draw wrapped PettingZoo or Gymnasium environments"
-        )
+        """``[H, W, 3]`` uint8: copy ``env_index`` drawn by its own ``render()`` (``size`` is
+        not used: the wrapped env draws at its own size). PettingZoo envs draw only when made
+        with ``render_mode="rgb_array"``; an env that cannot draw raises
+        ``NotImplementedError``, and the batch stays usable."""
+        self._ensure_open()
+        if not self._was_reset:
+            raise EnvError(f"{self.name}: call reset() before render()")
+        if not (isinstance(env_index, int) and 0 <= env_index < self.num_envs):
+            raise EnvError(
+                f"{self.name}: env_index must be in 0..{self.num_envs - 1}, got {env_index!r}"
+            )
+        try:
+            if self._pool is not None:
+                frame = self._pool.render(env_index)
+            else:
+                frame = self._runner.render(env_index)
+        except NotImplementedError as err:
+            reason = str(err).strip() or "its render() is not implemented"
+            raise NotImplementedError(f"the wrapped environment does not draw: {reason}") from err
+        if frame is None:
+            raise NotImplementedError(
+                f"{self.name}: the wrapped environment's render() returned None (a PettingZoo "
+                'env draws only when made with render_mode="rgb_array")'
+            )
+        return frame
 
     def close(self) -> None:
         """End the worker processes and release the shared memory; idempotent."""
@@ -297,9 +332,9 @@ class ParallelEnvAdapter(BatchedEnv):
     # -- internals ----------------------------------------------------------------------------
     def _inspect(
         self, factory: _worker.Factory, wrap: str, seed: int, episode_limit: int | None
-    ) -> tuple[dict[str, dict[str, Any]], np.ndarray | None, np.ndarray, int]:
-        """Build one env here to read its agents, spaces, masks and episode limit, and its
-        first ``state()`` (``None`` without one) and joined observations."""
+    ) -> tuple[dict[str, dict[str, Any]], np.ndarray | None, np.ndarray, int, Sequence[str]]:
+        """Build one env here to read its agents, spaces, masks, episode limit and episode
+        statistics, and its first ``state()`` (``None`` without one) and joined observations."""
         try:
             probe = _worker.make_env(factory, wrap)
         except TypeError as err:
@@ -344,6 +379,7 @@ class ParallelEnvAdapter(BatchedEnv):
                 ]
             )
             limit = episode_limit or _worker.infer_episode_limit(probe)
+            env_stats = getattr(probe, "episode_stats", ())
         finally:
             try:
                 probe.close()
@@ -354,7 +390,7 @@ class ParallelEnvAdapter(BatchedEnv):
                 f"{self.name}: cannot tell the episode length limit of this environment (it has "
                 "no max_cycles, max_steps or spec.max_episode_steps); pass episode_limit=<steps>"
             )
-        return descs, env_state, joined, limit
+        return descs, env_state, joined, limit, env_stats
 
     def _fields(self) -> dict[str, tuple[tuple[int, ...], str]]:
         e = self.num_envs
@@ -374,7 +410,7 @@ class ParallelEnvAdapter(BatchedEnv):
             fields["final_state"] = ((e, self._state_dim), "float32")
         for flag in ("terminated", "truncated"):
             fields[flag] = ((e,), "bool")
-        for stat in STAT_NAMES:
+        for stat in self._stat_names:
             fields[stat] = ((e,), "float32")
         return fields
 
@@ -470,7 +506,7 @@ class ParallelEnvAdapter(BatchedEnv):
             action_mask=masks,
             final_obs=final_obs,
             final_state=final_state,
-            stats={s: get(s) for s in STAT_NAMES},
+            stats={s: get(s) for s in self._stat_names},
         )
 
 
@@ -742,6 +778,7 @@ def _make_spec(
     members: dict[str, list[str]],
     state_dim: int | None,
     episode_limit: int,
+    stat_names: tuple[str, ...] = STAT_NAMES,
 ) -> EnvSpec:
     groups = {}
     for name, agents in members.items():
@@ -757,8 +794,28 @@ def _make_spec(
     if state_dim is None:
         state_dim = sum(g.num_agents * g.obs_shape[0] for g in groups.values())
     return EnvSpec(
-        groups=groups, state_shape=(state_dim,), episode_limit=episode_limit, stat_names=STAT_NAMES
+        groups=groups, state_shape=(state_dim,), episode_limit=episode_limit, stat_names=stat_names
     )
+
+
+def _check_stat_names(env_name: str, names: Any) -> tuple[str, ...]:
+    """The extra episode statistics as a tuple of distinct identifiers, or a one-line error."""
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise EnvError(
+            f"{env_name}: episode_stats must be a list of names, got {names!r}; e.g. "
+            "episode_stats=['success']"
+        )
+    out = tuple(names)
+    for stat in out:
+        if not (isinstance(stat, str) and stat.isidentifier()):
+            raise EnvError(f"{env_name}: episode_stats names must be identifiers, got {stat!r}")
+        if stat in STAT_NAMES:
+            raise EnvError(
+                f"{env_name}: episode_stats must not name {stat!r}: the adapter reports it itself"
+            )
+    if len(set(out)) != len(out):
+        raise EnvError(f"{env_name}: episode_stats names a statistic twice: {list(out)}")
+    return out
 
 
 def _join_index(descs: dict[str, dict[str, Any]], members: dict[str, list[str]]) -> Tensor | None:

@@ -17,6 +17,7 @@ fault every worker of the pool is ended.
 from __future__ import annotations
 
 import contextlib
+import io
 import multiprocessing as mp
 import os
 import pickle
@@ -220,6 +221,29 @@ class WorkerPool:
         """Every worker resets its copies (copy ``i`` with seed ``seed + i``)."""
         self._broadcast(_worker.RESET + (b"" if seed is None else str(seed).encode()), "reset")
 
+    def render(self, index: int) -> np.ndarray | None:
+        """Copy ``index`` drawn by its env's ``render()`` in the worker that steps it."""
+        w = next(w for w, (lo, hi) in enumerate(self.ranges) if lo <= index < hi)
+        try:
+            try:
+                self.conns[w].send_bytes(_worker.RENDER + str(index).encode())
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                self._fail_died(w, "render")
+            reply = self._gather(self.timeout, "render", [w], errors_close=False)[w]
+        except BaseException:
+            self.close()
+            raise
+        if reply[:1] == b"e":  # render() raised; the worker and its envs are fine
+            info = pickle.loads(reply[1:])
+            if info["type"] == "NotImplementedError":
+                raise NotImplementedError(f"{self.env_name}: {info['message']}")
+            raise EnvError(
+                f"{self.env_name}: render() of copy {index} raised {info['type']}: "
+                f"{info['message']}"
+            )
+        payload = reply[len(_worker.FRAME) :]
+        return np.load(io.BytesIO(payload), allow_pickle=False) if payload else None
+
     def close(self) -> None:
         """End the workers (politely, then by force) and release their resources; idempotent."""
         self._finalizer()
@@ -238,9 +262,18 @@ class WorkerPool:
             self.close()
             raise
 
-    def _gather(self, timeout: float, what: str) -> None:
-        """Wait for one reply from every worker, watching for death and for the deadline."""
-        pending = set(range(len(self.conns)))
+    def _gather(
+        self,
+        timeout: float,
+        what: str,
+        workers: list[int] | None = None,
+        errors_close: bool = True,
+    ) -> dict[int, bytes]:
+        """Wait for one reply from every worker (or from ``workers``), watching for death and
+        for the deadline; returns the replies. An error reply ends the pool and raises, unless
+        ``errors_close`` is false (then it is returned like any reply)."""
+        pending = set(range(len(self.conns)) if workers is None else workers)
+        replies: dict[int, bytes] = {}
         deadline = time.monotonic() + timeout
         while pending:
             waitables: dict[Any, int] = {}
@@ -263,8 +296,10 @@ class WorkerPool:
                 except (EOFError, OSError):
                     self._fail_died(w, what)
                 pending.discard(w)
-                if reply != _worker.OK:
+                if reply[:1] == b"e" and errors_close:
                     self._fail_reported(w, reply, what)
+                replies[w] = reply
+        return replies
 
     def _where(self, w: int) -> str:
         lo, hi = self.ranges[w]
