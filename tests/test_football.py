@@ -167,11 +167,11 @@ def test_bad_football_input_is_one_line(tmp_path: Path, capsys, monkeypatch) -> 
 def test_train_evaluate_render_and_resume(tmp_path: Path, capsys) -> None:
     tiny = [
         "env.num_envs=2",
-        "env.kwargs={num_workers: 1}",
+        "env.kwargs={num_workers: 2}",
         "rollout_length=20",
         "total_env_steps=80",
         "algo.epochs=2",
-        "eval_episodes=2",
+        "eval_episodes=1",
         "eval_interval=1",
         "log_interval=1",
         "checkpoint_interval=1",
@@ -186,9 +186,10 @@ def test_train_evaluate_render_and_resume(tmp_path: Path, capsys) -> None:
     assert summary["env_steps"] == 80 and "eval_success" in summary
     capsys.readouterr()
     gif = tmp_path / "play.gif"
-    assert main(["eval", str(run), "--episodes", "2", "--gif", str(gif), "--json"]) == 0
+    # One episode, and the one-game GIF, with the run's two workers cut to the one game.
+    assert main(["eval", str(run), "--episodes", "1", "--gif", str(gif), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["eval_episodes"] == 2 and 0.0 <= result["eval_success"] <= 1.0
+    assert result["eval_episodes"] == 1 and result["eval_success"] in (0.0, 1.0)
     assert gif.stat().st_size > 1000
     assert main(["train", "--resume", str(run), "total_env_steps=160"]) == 0
     assert json.loads((run / "summary.json").read_text())["env_steps"] == 160

@@ -133,7 +133,7 @@ def cmd_eval_scripted(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from mappo.api import load_policy
-    from mappo.envs.registry import make
+    from mappo.envs.registry import fit_workers, make
     from mappo.evaluation import evaluate
 
     if args.scripted:
@@ -141,7 +141,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     policy = load_policy(args.path, device=args.device)
     cfg = policy.config
     env = make(
-        cfg.env.name, num_envs=args.episodes, device=args.device, seed=args.seed, **cfg.env.kwargs
+        cfg.env.name,
+        num_envs=args.episodes,
+        device=args.device,
+        seed=args.seed,
+        **fit_workers(cfg.env.kwargs, args.episodes),
     )
     with env:
         result = evaluate(policy.model, env, seed=args.seed, deterministic=not args.sample)
@@ -153,7 +157,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         _check_gif_path(args.gif)
         single = make(
-            cfg.env.name, num_envs=1, device=args.device, seed=args.seed, **cfg.env.kwargs
+            cfg.env.name,
+            num_envs=1,
+            device=args.device,
+            seed=args.seed,
+            **fit_workers(cfg.env.kwargs, 1),
         )
         policy.reset()
         with single:

@@ -36,8 +36,8 @@ from mappo.checkpoint import (  # noqa: F401 - re-exported: part of the trainer'
 )
 from mappo.config import TrainConfig
 from mappo.data import spec_to_dict
+from mappo.envs.registry import fit_workers, uses_workers
 from mappo.envs.registry import make as make_env
-from mappo.envs.registry import uses_workers
 from mappo.evaluation import evaluate
 from mappo.learners import Learner, make_learner
 from mappo.logging import MetricsLogger, ProgressBar
@@ -112,7 +112,7 @@ class Trainer:
             num_envs=cfg.eval_episodes,
             device=device,
             seed=cfg.seed + _EVAL_SEED_OFFSET,
-            **cfg.env.kwargs,
+            **fit_workers(cfg.env.kwargs, cfg.eval_episodes),
         )
         self.device = self.env.device
         self.learner: Learner = make_learner(cfg, self.env)

@@ -88,6 +88,16 @@ def make(
         raise EnvError(f"bad parameter for environment '{name}': {err}") from err
 
 
+def fit_workers(kwargs: dict[str, Any], num_envs: int) -> dict[str, Any]:
+    """``kwargs`` of a run's training env, for a batch of ``num_envs`` copies of the same env
+    (evaluation, a rendered episode): a ``num_workers`` above ``num_envs`` is cut to it, since a
+    worker process needs at least one copy; everything else is kept."""
+    workers = kwargs.get("num_workers")
+    if isinstance(workers, int) and not isinstance(workers, bool) and workers > num_envs:
+        return {**kwargs, "num_workers": num_envs}
+    return dict(kwargs)
+
+
 _LOADED = False
 
 
