@@ -158,14 +158,21 @@ class TinyEnv(ParallelEnv):
 class ScoredTinyEnv(TinyEnv):
     """:class:`TinyEnv` that reports ``steps_played`` and ``bonus`` in every agent's info on the
     step that ends an episode (declared in ``episode_stats``), and draws itself: an ``[8, 12, 3]``
-    frame filled with the step count, or ``None`` without ``render_mode="rgb_array"``."""
+    frame filled with ``10 * seed + step``, or ``None`` without ``render_mode="rgb_array"``."""
 
     episode_stats = ("steps_played", "bonus")
 
-    def __init__(self, render_mode: str | None = None, stat_value: object = 1.5, **kwargs) -> None:
+    def __init__(
+        self,
+        render_mode: str | None = None,
+        stat_value: object = 1.5,
+        render_fault: str | None = None,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
         self.render_mode = render_mode
         self.stat_value = stat_value
+        self.render_fault = render_fault
 
     def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
         obs, rewards, terms, truncs, infos = super().step(actions)
@@ -175,9 +182,15 @@ class ScoredTinyEnv(TinyEnv):
         return obs, rewards, terms, truncs, infos
 
     def render(self) -> np.ndarray | None:
+        """``render_fault``: ``"raise"`` (a RuntimeError) or ``"shape"`` (a 2-D frame)."""
+        if self.render_fault == "raise":
+            raise RuntimeError("no canvas")
+        if self.render_fault == "shape":
+            return np.zeros((8, 12), np.uint8)
         if self.render_mode != "rgb_array":
             return None
-        return np.full((8, 12, 3), self.t, np.uint8)
+        # Each copy draws its own seed, so that a frame shows which copy drew it.
+        return np.full((8, 12, 3), 10 * (self.seed_used or 0) + self.t, np.uint8)
 
 
 def _width(space: spaces.Space) -> int:

@@ -7,7 +7,9 @@ Fault handling of worker processes (raise, hang, kill) is in ``test_adapter_faul
 from __future__ import annotations
 
 import functools
+import os
 import re
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -383,9 +385,18 @@ def test_episode_statistics_come_from_the_infos_of_the_last_step(num_workers: in
         env.step(one)
         with pytest.raises(EnvOutputError, match="'goals' is in no agent's info .* drop it"):
             env.step({"agent": torch.ones(1, 2, 1, dtype=torch.int64)})
+    # An episode the adapter cuts at its episode_limit reads 0 where the env reports nothing.
+    long = functools.partial(ScoredTinyEnv, max_cycles=9)
+    with PettingZooAdapter(long, num_envs=1, num_workers=0, episode_limit=2) as env:
+        env.reset()
+        one = {"agent": torch.ones(1, 2, 1, dtype=torch.int64)}
+        env.step(one)
+        out = env.step(one)
+        assert out.truncated.item() and out.stats["bonus"].item() == 0.0
     for names, message in (
         ("bonus", "must be a list of names"),
         (["episode_return"], "must not name 'episode_return'"),
+        (["truncated"], "must not name 'truncated'"),
         (["a", "a"], "names a statistic twice"),
         (["no spaces"], "must be identifiers"),
     ):
@@ -399,10 +410,11 @@ def test_render_draws_the_copy_in_its_worker(num_workers: int) -> None:
     with PettingZooAdapter(factory, num_envs=2, num_workers=num_workers, name="s") as env:
         with pytest.raises(EnvError, match="call reset"):
             env.render(0)
-        env.reset()
+        env.reset(seed=3)
         env.step({"agent": torch.ones(2, 2, 1, dtype=torch.int64)})
-        frame = env.render(1)
-        assert frame.shape == (8, 12, 3) and frame.dtype == np.uint8 and (frame == 1).all()
+        frame = env.render(1)  # copy 1 was seeded 3 + 1, and has taken one step
+        assert frame.shape == (8, 12, 3) and frame.dtype == np.uint8 and (frame == 41).all()
+        assert (env.render(0) == 31).all()
         with pytest.raises(EnvError, match="env_index must be in 0..1"):
             env.render(2)
         env.step({"agent": torch.ones(2, 2, 1, dtype=torch.int64)})  # the batch still steps
@@ -411,6 +423,32 @@ def test_render_draws_the_copy_in_its_worker(num_workers: int) -> None:
         env.reset()
         with pytest.raises(NotImplementedError, match="render\\(\\) returned None"):
             env.render(0)
+        env.step({"agent": torch.ones(2, 2, 1, dtype=torch.int64)})
+    # A render() that raises, or returns no frame, is an EnvError naming the copy; the batch
+    # lives on. A worker that dies while drawing closes the batch like a fault in a step.
+    for fault, message in (
+        ("raise", "s: render\\(\\) of copy 1 raised RuntimeError: no canvas"),
+        (
+            "shape",
+            "s: render\\(\\) of copy 1 raised ValueError: render\\(\\) returned shape \\(8, 12\\)",
+        ),
+    ):
+        factory = functools.partial(ScoredTinyEnv, render_fault=fault)
+        with PettingZooAdapter(factory, num_envs=2, num_workers=num_workers, name="s") as env:
+            env.reset()
+            with pytest.raises(EnvError, match=message):
+                env.render(1)
+            env.step({"agent": torch.ones(2, 2, 1, dtype=torch.int64)})
+
+
+def test_a_worker_that_dies_while_drawing_closes_the_batch() -> None:
+    factory = functools.partial(ScoredTinyEnv, render_mode="rgb_array")
+    env = PettingZooAdapter(factory, num_envs=2, num_workers=2, name="s")
+    env.reset()
+    os.kill(env.worker_pids[1], signal.SIGKILL)
+    with pytest.raises(EnvWorkerError, match="s: worker 1 .* was killed by SIGKILL during render"):
+        env.render(1)
+    with pytest.raises(EnvError, match="s is closed after an error"):
         env.step({"agent": torch.ones(2, 2, 1, dtype=torch.int64)})
 
 

@@ -118,6 +118,68 @@ def test_the_time_limit_is_a_truncation() -> None:
         assert out.stats["episode_length"].item() == 401 and out.stats["success"].item() == 0
 
 
+def test_a_goal_is_a_success_with_the_team_reward() -> None:
+    from mappo.envs.football.grf import FootballParallelEnv
+
+    # academy_empty_goal_close: one player with the ball in front of an empty goal; shooting
+    # (action 12) scores within a few steps.
+    game = FootballParallelEnv("academy_empty_goal_close", num_agents=1)
+    game.reset(seed=0)
+    for _ in range(30):
+        _, reward, terminated, truncated, infos = game.step({"player_0": 12})
+        if not game.agents:
+            break
+    assert terminated["player_0"] and not truncated["player_0"]
+    assert infos["player_0"] == {"goal_difference": 1.0, "success": 1.0}
+    # +1 for the goal and +1.0 for the ten checkpoint rings, all collected on scoring.
+    assert reward["player_0"] == pytest.approx(2.0)
+    game.close()
+
+
+def test_share_reward_sums_the_team_or_keeps_each_agent_its_own() -> None:
+    from mappo.envs.football.grf import FootballParallelEnv
+
+    own = FootballParallelEnv(num_agents=3, share_reward=False)
+    shared = FootballParallelEnv(num_agents=3)
+    rng = np.random.default_rng(0)
+    own.reset(seed=4)
+    shared.reset(seed=4)
+    differed = False
+    for _ in range(200):
+        actions = {a: int(rng.integers(19)) for a in own.possible_agents}
+        _, r_own, *_ = own.step(actions)
+        _, r_shared, *_ = shared.step(actions)
+        total = sum(r_own.values())
+        assert all(v == pytest.approx(total) for v in r_shared.values())
+        differed |= len(set(r_own.values())) > 1
+        if not own.agents:
+            assert not shared.agents
+            own.reset()
+            shared.reset()
+    # Only the player carrying the ball into a checkpoint ring is rewarded for it.
+    assert differed
+    own.close()
+    shared.close()
+
+
+def test_the_full_game_replays_its_kick_off_from_the_seed() -> None:
+    from mappo.envs.football.grf import FootballParallelEnv
+
+    # The 11-vs-11 scenarios choose the kick-off team by the parity of GRF's episode counter.
+    game = FootballParallelEnv("11_vs_11_easy_stochastic", num_agents=2)
+    traces = []
+    for _ in range(2):
+        obs, _ = game.reset(seed=5)
+        rng = np.random.default_rng(0)
+        trace = [obs["player_0"]]
+        for _ in range(20):
+            obs, *_ = game.step({a: int(rng.integers(19)) for a in game.possible_agents})
+            trace.append(obs["player_0"])
+        traces.append(np.stack(trace))
+    np.testing.assert_array_equal(traces[0], traces[1])
+    game.close()
+
+
 def test_the_same_seed_replays_in_any_worker_layout(env) -> None:
     first, _ = play(env, 40, seed=7)
     again, _ = play(env, 40, seed=7)
@@ -152,12 +214,22 @@ def test_a_killed_worker_is_reported() -> None:
 def test_bad_football_input_is_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
     assert main(["train", SCENARIO, "env.kwargs={num_agents: 12}", "progress=false"]) == 2
     assert "num_agents must be an integer in 1..11, got 12" in capsys.readouterr().err
+    # The 3-vs-1 scenario's left team has 4 players (the keeper too).
+    assert main(["train", SCENARIO, "env.kwargs={num_agents: 5}", "progress=false"]) == 2
+    err = capsys.readouterr().err
+    assert "num_agents=5 is more than the left team's players in academy_3_vs_1" in err
+    assert err.count("\n") == 1
+    gif = tmp_path / "y.gif"
+    assert main(["render", "football:academy_nothing", "num_agents=1", "--gif", str(gif)]) == 2
+    assert "GRF has no scenario 'academy_nothing'" in capsys.readouterr().err
     gif = tmp_path / "x.gif"
     assert main(["render", "football:academy_empty_goal", "--gif", str(gif)]) == 2
     assert "set num_agents=<players the agents control>" in capsys.readouterr().err
     real = importlib.util.find_spec
     monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name == "gfootball" else real(name)
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "gfootball" else real(name, *a),
     )
     assert main(["train", SCENARIO, "progress=false"]) == 2
     err = capsys.readouterr().err

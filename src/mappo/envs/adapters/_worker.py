@@ -484,7 +484,7 @@ class EnvRunner:
         frame = np.asarray(frame)
         if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
             raise ValueError(
-                f"{self.name}: render() returned shape {frame.shape} and dtype {frame.dtype}; "
+                f"render() returned shape {frame.shape} and dtype {frame.dtype}; "
                 "an [H, W, 3] uint8 frame is needed"
             )
         return frame
@@ -548,11 +548,14 @@ class EnvRunner:
         self.episode_return[li] = self.returns[li]
         self.episode_length[li] = self.lengths[li]
         for name, values in self.extra_stats.items():
-            values[li] = self._episode_stat(li, infos, name)
+            values[li] = self._episode_stat(li, infos, name, required=not live)
         self._reset_env(li, env, None)
 
-    def _episode_stat(self, li: int, infos: dict, name: str) -> float:
-        """The statistic ``name`` from the first agent info of the last step that has it."""
+    def _episode_stat(self, li: int, infos: dict, name: str, required: bool) -> float:
+        """The statistic ``name`` from the first agent info of the last step that has it.
+
+        ``required``: the env ended the episode itself, so it must report the statistic; an
+        episode the adapter cut at ``episode_limit`` reads 0 where the env reports nothing."""
         for info in infos.values():
             if isinstance(info, dict) and name in info:
                 try:
@@ -562,6 +565,8 @@ class EnvRunner:
                         f"{self.name}: copy {self.lo + li}: episode statistic {name!r} is "
                         f"{info[name]!r}, not a number"
                     ) from None
+        if not required:
+            return 0.0
         raise EnvOutputFault(
             f"{self.name}: copy {self.lo + li}: episode statistic {name!r} is in no agent's "
             "info on the step that ended the episode; report it there or drop it from "

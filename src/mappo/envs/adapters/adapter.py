@@ -81,10 +81,12 @@ ADAPTER_OPTIONS = frozenset(
 to the environment (use ``env_kwargs={...}`` for an env argument with one of these names)."""
 
 EXTRAS = {"pettingzoo": "pettingzoo", "mpe2": "pettingzoo", "gymnasium": "pettingzoo"}
-EXTRAS |= {"lbforaging": "lbf", "rware": "rware", "gfootball": "football", "gym": "football"}
+EXTRAS |= {"lbforaging": "lbf", "rware": "rware"}
 """Top-level package -> the ``mappo`` extra that installs it."""
 
 STAT_NAMES = ("episode_return", "episode_length")
+RESERVED_FIELDS = ("terminated", "truncated", "state", "final_state")
+"""Per-copy buffers of the adapter, whose names an extra episode statistic cannot take."""
 
 DEFAULT_TIMEOUT = 60.0
 """Seconds a step or reset of the worker processes may take when no ``timeout`` is given."""
@@ -288,6 +290,15 @@ class ParallelEnvAdapter(BatchedEnv):
         except NotImplementedError as err:
             reason = str(err).strip() or "its render() is not implemented"
             raise NotImplementedError(f"the wrapped environment does not draw: {reason}") from err
+        except EnvWorkerError as err:  # a worker died or hung: the pool is gone
+            self._fail(str(err))
+            raise
+        except EnvError:  # the env's render() raised in its worker; the batch is intact
+            raise
+        except Exception as err:  # the same, in this process
+            raise EnvError(
+                f"{self.name}: render() of copy {env_index} raised {_one_line(err)}"
+            ) from err
         if frame is None:
             raise NotImplementedError(
                 f"{self.name}: the wrapped environment's render() returned None (a PettingZoo "
@@ -809,9 +820,10 @@ def _check_stat_names(env_name: str, names: Any) -> tuple[str, ...]:
     for stat in out:
         if not (isinstance(stat, str) and stat.isidentifier()):
             raise EnvError(f"{env_name}: episode_stats names must be identifiers, got {stat!r}")
-        if stat in STAT_NAMES:
+        if stat in STAT_NAMES + RESERVED_FIELDS:
             raise EnvError(
-                f"{env_name}: episode_stats must not name {stat!r}: the adapter reports it itself"
+                f"{env_name}: episode_stats must not name {stat!r}: the adapter uses that name "
+                "itself"
             )
     if len(set(out)) != len(out):
         raise EnvError(f"{env_name}: episode_stats names a statistic twice: {list(out)}")

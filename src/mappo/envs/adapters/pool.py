@@ -236,7 +236,7 @@ class WorkerPool:
         if reply[:1] == b"e":  # render() raised; the worker and its envs are fine
             info = pickle.loads(reply[1:])
             if info["type"] == "NotImplementedError":
-                raise NotImplementedError(f"{self.env_name}: {info['message']}")
+                raise NotImplementedError(info["message"])
             raise EnvError(
                 f"{self.env_name}: render() of copy {index} raised {info['type']}: "
                 f"{info['message']}"

@@ -81,6 +81,14 @@ class FootballEnv(ParallelEnvAdapter):
                 f"{name} needs Google Research Football (the Python package 'gfootball'), which "
                 "is not installed; docs/football.md has the commands that build and install it"
             )
+        # GRF exits the process on an unknown scenario: check the name first.
+        if not scenario.isidentifier() or (
+            importlib.util.find_spec(f"gfootball.scenarios.{scenario}") is None
+        ):
+            raise EnvError(
+                f"{name}: GRF has no scenario {scenario!r}; the names are the files of "
+                "gfootball/scenarios (e.g. academy_empty_goal_close, 11_vs_11_stochastic)"
+            )
         kwargs = {"scenario": scenario, "num_agents": num_agents, **(env_kwargs or {})}
         # GRF reports its own time limit as a truncation; the adapter must not relabel a goal on
         # the last step as one.

@@ -19,8 +19,9 @@ when a game is built, so it imports without it.
   every agent sees, which is the whole pitch. (The paper's code gives each agent's critic that
   agent's own observation; with one shared team reward the two carry the same information.)
 - **Episodes** end on a goal, when the ball goes out or changes team (the academy scenarios), or
-  when the scenario's ``game_duration`` steps are used up; the last is a truncation (the
-  observation has no clock), the others terminations.
+  when GRF's clock runs out (``game_duration`` + 1 steps: 401 in the academy, 3,001 in the full
+  game); the last is a truncation (the observation has no clock), unless a goal ends the episode
+  on that same step; the others are terminations.
 - **Statistics** at an episode's end, in every agent's info: ``goal_difference`` (goals scored
   minus conceded) and ``success`` (1 when it is positive: the academy task was solved, or the
   match won).
@@ -90,13 +91,19 @@ class FootballParallelEnv:
         self.scenario = scenario
         self.share_reward = bool(share_reward)
         self.render_width = int(render_width)
-        self.env = football_env.create_environment(
-            env_name=scenario,
-            representation="simple115v2",
-            rewards=rewards,
-            number_of_left_players_agent_controls=num_agents,
-            number_of_right_players_agent_controls=0,
-        )
+        try:
+            self.env = football_env.create_environment(
+                env_name=scenario,
+                representation="simple115v2",
+                rewards=rewards,
+                number_of_left_players_agent_controls=num_agents,
+                number_of_right_players_agent_controls=0,
+            )
+        except IndexError as err:  # GRF, asked for more players than the team has
+            raise ValueError(
+                f"num_agents={num_agents} is more than the left team's players in {scenario} "
+                f"(GRF: {err})"
+            ) from None
         self.possible_agents = [f"player_{i}" for i in range(num_agents)]
         self.agents: list[str] = []
         self._obs_space = spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
@@ -121,9 +128,12 @@ class FootballParallelEnv:
     ) -> tuple[dict[str, np.ndarray], dict[str, dict]]:
         if seed is not None:
             self._rng.seed(seed)
-            # GRF fixes the team-processing order from the first episode's engine seed; let a
-            # seeded reset choose it again, so that the seed alone decides the episode.
-            self.env.unwrapped._config._values.pop("reverse_team_processing", None)
+            # GRF fixes the team-processing order from the first episode's engine seed, and the
+            # full-game scenarios pick the kick-off team by the parity of an episode counter:
+            # a seeded reset starts both afresh, so that the seed alone decides the episodes.
+            values = self.env.unwrapped._config._values
+            values.pop("reverse_team_processing", None)
+            values["episode_number"] = 0
         self._reset_game()
         self.agents = list(self.possible_agents)
         return self._by_agent(self._obs), {a: {} for a in self.agents}
@@ -136,7 +146,8 @@ class FootballParallelEnv:
         if self.share_reward:
             reward = np.full(len(self.possible_agents), reward.sum())
         self._goal_difference += int(info["score_reward"])
-        truncated = bool(done) and self._raw()[0]["steps_left"] <= 0
+        # GRF's clock running out is a truncation, unless a goal ended the episode on that step.
+        truncated = bool(done) and self._raw()[0]["steps_left"] <= 0 and info["score_reward"] == 0
         terminated = bool(done) and not truncated
         infos: dict[str, dict] = {a: {} for a in self.possible_agents}
         if done:
