@@ -236,6 +236,15 @@ def test_bad_football_input_is_one_line(tmp_path: Path, capsys, monkeypatch) -> 
     assert err.count("\n") == 1 and "docs/football.md" in err
 
 
+def test_a_run_whose_games_do_not_fit_in_memory_is_refused(tmp_path: Path, capsys, monkeypatch):
+    # The preset's 50 training and 100 evaluation games take about 9 GB; say 4 GB are free.
+    monkeypatch.setattr("mappo.trainer.available_bytes", lambda device: 4 * 2**30)
+    assert main(["train", SCENARIO, "progress=false", f"run_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "needs about 8.8 GB of memory" in err and "lower eval_episodes" in err
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
 def test_train_evaluate_render_and_resume(tmp_path: Path, capsys) -> None:
     tiny = [
         "env.num_envs=2",

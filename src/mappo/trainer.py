@@ -36,7 +36,7 @@ from mappo.checkpoint import (  # noqa: F401 - re-exported: part of the trainer'
 )
 from mappo.config import TrainConfig
 from mappo.data import spec_to_dict
-from mappo.envs.registry import fit_workers, uses_workers
+from mappo.envs.registry import copy_bytes, fit_workers, uses_workers
 from mappo.envs.registry import make as make_env
 from mappo.evaluation import evaluate
 from mappo.learners import Learner, make_learner
@@ -297,7 +297,8 @@ def _check_memory(cfg: TrainConfig, device: torch.device) -> None:
     """Refuse a run whose estimated memory exceeds what is free (see :mod:`mappo.resources`),
     before its environments allocate anything."""
     adapter = uses_workers(cfg.env.name)
-    if adapter and cfg.env.num_envs + cfg.eval_episodes <= _PROBE_ADAPTERS_ABOVE:
+    per_copy = copy_bytes(cfg.env.name)
+    if adapter and not per_copy and cfg.env.num_envs + cfg.eval_episodes <= _PROBE_ADAPTERS_ABOVE:
         return
     kwargs = dict(cfg.env.kwargs)
     if adapter:  # the probe's one copy runs in this process, without the worker options
@@ -305,7 +306,8 @@ def _check_memory(cfg: TrainConfig, device: torch.device) -> None:
             kwargs.pop(key, None)
         kwargs["num_workers"] = 0
     with make_env(cfg.env.name, num_envs=1, device=device, seed=cfg.seed, **kwargs) as probe:
-        problem = memory_problem(cfg, probe.spec, env_state_bytes(probe), available_bytes(device))
+        state_bytes = env_state_bytes(probe) + per_copy
+        problem = memory_problem(cfg, probe.spec, state_bytes, available_bytes(device))
     if problem is not None:
         raise config_mod.ConfigError(problem)
 

@@ -27,6 +27,8 @@ class EnvEntry:
     description: str
     workers: bool = False
     """Whether the env steps Python games in worker processes (as the adapters do)."""
+    copy_bytes: int = 0
+    """Host memory one copy takes in its worker process, for the trainer's memory check."""
 
 
 _ENVS: dict[str, EnvEntry] = {}
@@ -34,10 +36,24 @@ _SCHEMES: dict[str, EnvFactory] = {}
 """Scheme prefix (e.g. ``pettingzoo``) -> ``factory(target, num_envs, device, seed, **kwargs)``."""
 
 
-def register(name: str, factory: EnvFactory, description: str = "", workers: bool = False) -> None:
-    """Make ``name`` available to :func:`make` and to configs (``workers``: see
-    :func:`uses_workers`)."""
-    _ENVS[name] = EnvEntry(name, factory, description, workers)
+def register(
+    name: str,
+    factory: EnvFactory,
+    description: str = "",
+    workers: bool = False,
+    copy_bytes: int = 0,
+) -> None:
+    """Make ``name`` available to :func:`make` and to configs (``workers`` and ``copy_bytes``:
+    see :func:`uses_workers` and :func:`copy_bytes`)."""
+    _ENVS[name] = EnvEntry(name, factory, description, workers, copy_bytes)
+
+
+def copy_bytes(name: str) -> int:
+    """Host memory that one copy of the registered env ``name`` takes in a worker process (a
+    game engine's own memory, which no tensor shows); 0 where nothing is declared."""
+    _load_builtin()
+    entry = _ENVS.get(name)
+    return 0 if entry is None else entry.copy_bytes
 
 
 def uses_workers(name: str) -> bool:
