@@ -80,9 +80,14 @@ class FootballParallelEnv:
             with contextlib.redirect_stderr(io.StringIO()):
                 import gfootball.env as football_env
         except ModuleNotFoundError as err:
+            if (err.name or "").split(".")[0] == "gfootball":
+                raise ModuleNotFoundError(
+                    "Google Research Football is not installed; docs/football.md has the "
+                    "commands that build it"
+                ) from err
             raise ModuleNotFoundError(
-                f"Google Research Football is not installed (no module {err.name!r}); "
-                "docs/football.md has the commands that build it"
+                f"Google Research Football needs the Python module {err.name!r}: install the "
+                "project's football extra (pip install -e '.[football]')"
             ) from err
         from gymnasium import spaces
 
