@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -80,14 +81,17 @@ class FootballEnv(ParallelEnvAdapter):
             1 <= num_agents <= 11
         ):
             raise EnvError(f"{name}: num_agents must be an integer in 1..11, got {num_agents!r}")
-        if importlib.util.find_spec("gfootball") is None:
+        spec = importlib.util.find_spec("gfootball")
+        if spec is None:
             raise EnvError(
                 f"{name} needs Google Research Football (the Python package 'gfootball'), which "
                 "is not installed; docs/football.md has the commands that build and install it"
             )
-        # GRF exits the process on an unknown scenario: check the name first.
-        if not scenario.isidentifier() or (
-            importlib.util.find_spec(f"gfootball.scenarios.{scenario}") is None
+        # GRF exits the process on an unknown scenario: check the name first, by its file (the
+        # package is not imported here: it imports gym, which prints a notice).
+        folders = [Path(p) / "scenarios" for p in spec.submodule_search_locations or ()]
+        if not scenario.isidentifier() or not any(
+            (folder / f"{scenario}.py").is_file() for folder in folders
         ):
             raise EnvError(
                 f"{name}: GRF has no scenario {scenario!r}; the names are the files of "
@@ -118,6 +122,7 @@ def make_football(
             f"football:{scenario}: set num_agents=<players the agents control> for a scenario "
             "without a preset number"
         )
+    name = f"football/{scenario}" if scenario in SCENARIOS else f"football:{scenario}"
     return FootballEnv(
         scenario,
         num_envs,
@@ -125,6 +130,7 @@ def make_football(
         seed,
         num_agents=num_agents,
         env_kwargs=env_kwargs,
+        name=name,
         **options,
     )
 
