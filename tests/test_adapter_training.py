@@ -226,3 +226,35 @@ def test_a_short_rware_run_learns_on_a_small_warehouse(
     first = _train_returns(run)[0]
     assert learned >= 1.0 and learned >= 5 * random, (learned, random)
     assert learned >= first + 0.5, (learned, first)
+
+
+def test_evaluation_cuts_the_run_s_worker_count_to_its_episodes(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # Two workers for two training copies; the one evaluation episode (in training, and from
+    # `mappo eval`) gets one worker instead of a refusal.
+    preset = "pettingzoo/simple_spread"
+    overrides = [
+        "env.num_envs=2",
+        "rollout_length=4",
+        "total_env_steps=8",
+        "algo.epochs=1",
+        "eval_episodes=1",
+        "eval_interval=1",
+        "progress=false",
+        "tensorboard=false",
+        _kwargs_override(preset, num_workers=2),
+    ]
+    run = _train(preset, tmp_path, overrides)
+    assert json.loads((run / "summary.json").read_text())["eval_episodes"] == 1
+    capsys.readouterr()
+    assert main(["eval", str(run), "--episodes", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["eval_episodes"] == 1
+
+
+def test_fit_workers_cuts_only_a_worker_count_above_the_batch() -> None:
+    from mappo.envs.registry import fit_workers
+
+    assert fit_workers({"num_workers": 4, "N": 3}, 2) == {"num_workers": 2, "N": 3}
+    assert fit_workers({"num_workers": 2}, 8) == {"num_workers": 2}
+    assert fit_workers({"N": 3}, 1) == {"N": 3}
