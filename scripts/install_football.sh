@@ -4,7 +4,7 @@
 #
 #   bash scripts/install_football.sh && pip install -e '.[football]'
 #
-# The engine is compiled once (4-12 minutes on 2 cores) into a wheel kept in
+# The engine is compiled once (about 5 minutes on 2 idle cores) into a wheel kept in
 # $MAPPO_WHEEL_CACHE (default ~/.cache/mappo/wheels); later runs, and other virtual
 # environments of the same Python, install that wheel in seconds.
 set -euo pipefail
