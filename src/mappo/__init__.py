@@ -7,8 +7,18 @@
 from mappo.api import Policy, load_policy
 from mappo.config import TrainConfig
 from mappo.config import load as load_config
-from mappo.trainer import Run, resume, train
+from mappo.trainer import Run, resume, resume_seeds, train, train_seeds
 
 __version__ = "0.1.0"
 
-__all__ = ["Policy", "Run", "TrainConfig", "load_config", "load_policy", "resume", "train"]
+__all__ = [
+    "Policy",
+    "Run",
+    "TrainConfig",
+    "load_config",
+    "load_policy",
+    "resume",
+    "resume_seeds",
+    "train",
+    "train_seeds",
+]

@@ -81,11 +81,17 @@ def _print_summary(summary: dict) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from mappo.trainer import resume, train
+    from mappo.trainer import resume, resume_seeds, train, train_seeds
 
     if args.resume:
-        overrides = ([args.config] if args.config else []) + args.overrides
-        run = resume(args.resume, overrides)
+        # `--resume DIR [DIR ...] [KEY=VALUE ...]`: argparse gives every word after --resume to
+        # it; the overrides are the words with '=' that are not run directories.
+        dirs = [d for d in args.resume if "=" not in d or Path(d).is_dir()]
+        overrides = [d for d in args.resume if d not in dirs]
+        overrides += ([args.config] if args.config else []) + args.overrides
+        if not dirs:
+            raise config_mod.ConfigError("give the run directory to resume: --resume RUN_DIR")
+        runs = resume_seeds(dirs, overrides) if len(dirs) > 1 else [resume(dirs[0], overrides)]
     else:
         if not args.config:
             raise config_mod.ConfigError(
@@ -93,9 +99,25 @@ def cmd_train(args: argparse.Namespace) -> int:
                 "(`mappo list` shows the presets), or --resume RUN_DIR"
             )
         cfg = config_mod.load(args.config, args.overrides)
-        run = train(cfg)
-    _print_summary(run.summary)
+        runs = train_seeds(cfg) if cfg.num_seeds > 1 else [train(cfg)]
+    for run in runs:
+        _print_summary(run.summary)
+    if len(runs) > 1:
+        _print_seeds([run.summary for run in runs])
     return 0
+
+
+def _print_seeds(summaries: list[dict]) -> None:
+    """The seeds of a stacked run side by side: mean and spread of their results."""
+    print(f"seeds ({len(summaries)}, trained together):")
+    for k in ("train_episode_return", "eval_return_mean"):
+        values = [s[k] for s in summaries if isinstance(s.get(k), float)]
+        if values:
+            mean = sum(values) / len(values)
+            text = ", ".join(f"{v:,.2f}" for v in values)
+            print(f"  {k:22s} mean {mean:,.2f} ({text})")
+    total = sum(s.get("steps_per_second") or 0.0 for s in summaries)
+    print(f"  {'steps_per_second':22s} {total:,.0f} (all seeds)")
 
 
 def _print_result(result: dict, as_json: bool) -> None:
@@ -323,7 +345,13 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train a preset or YAML config, or resume a run")
     t.add_argument("config", nargs="?", help="preset name (mpe/simple_spread) or YAML path")
     t.add_argument("overrides", nargs="*", help="KEY=VALUE overrides, e.g. algo.epochs=5")
-    t.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    t.add_argument(
+        "--resume",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="continue a run from its last checkpoint (several run directories: seeds of one "
+        "configuration continue together in one process)",
+    )
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("eval", help="evaluate a trained run or checkpoint")
@@ -469,9 +497,11 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
         else:
+            dirs = " ".join(str(d) for d in err.run_dirs)
             print(
-                f"mappo: interrupted at env step {err.env_steps:,}; saved {err.checkpoint}; "
-                f"continue with: mappo train --resume {err.run_dir}",
+                f"mappo: interrupted at env step {err.env_steps:,}; saved {err.checkpoint}"
+                + (" and the other seeds' checkpoints" if len(err.run_dirs) > 1 else "")
+                + f"; continue with: mappo train --resume {dirs}",
                 file=sys.stderr,
             )
         return 128 + err.signum

@@ -299,6 +299,13 @@ class TrainConfig:
     seed: int = _field(
         1, "Random seed (environments, initialisation, sampling).", low=0, high=2**32 - 1
     )
+    num_seeds: int = _field(
+        1,
+        "Train this many seeds (seed, seed + 1, ...) at once in one process, their networks "
+        "stacked into shared batched kernels; each seed gets its own run directory (mappo).",
+        low=1,
+        high=1024,
+    )
     device: str = _field("cpu", "Torch device: 'cpu', 'cuda' or 'cuda:N'.")
     threads: int = _field(
         0,
@@ -596,6 +603,12 @@ def check(cfg: TrainConfig) -> None:
         raise ConfigError(
             "config field 'algo.death_masked_critic' needs a centralised critic; set "
             "algo.critic_input=state or agent_state"
+        )
+    if cfg.num_seeds > 1 and cfg.family != "ppo":
+        raise ConfigError(
+            f"config field 'num_seeds' is {cfg.num_seeds} but many seeds in one process cover "
+            f"algo.name=mappo only, not {cfg.algo.name!r}; set num_seeds=1 and run the seeds "
+            "as separate runs (e.g. `mappo sweep`)"
         )
     if cfg.compile == "on" and cfg.family != "ppo":
         raise ConfigError(

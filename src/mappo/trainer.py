@@ -8,6 +8,7 @@ optimisers, normalisers, RNG states, env state, counters) and ``summary.json``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -16,7 +17,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from mappo.checkpoint import (  # noqa: F401 - re-exported: part of the trainer'
 )
 from mappo.config import TrainConfig
 from mappo.data import spec_to_dict
+from mappo.envs.base import BatchedEnv
 from mappo.envs.registry import copy_bytes, fit_workers, uses_workers
 from mappo.envs.registry import make as make_env
 from mappo.evaluation import evaluate
@@ -58,11 +60,20 @@ class TrainingDiverged(RuntimeError):
 class RunInterrupted(Exception):
     """Training stopped on SIGINT/SIGTERM after saving a checkpoint (or before any could be)."""
 
-    def __init__(self, signum: int, run_dir: Path, env_steps: int, checkpoint: Path | None) -> None:
+    def __init__(
+        self,
+        signum: int,
+        run_dir: Path,
+        env_steps: int,
+        checkpoint: Path | None,
+        others: list[Path] | None = None,
+    ) -> None:
         self.signum = signum
         self.run_dir = run_dir
         self.env_steps = env_steps
         self.checkpoint = checkpoint
+        self.run_dirs = [run_dir, *(others or [])]
+        """Every run stopped by the signal (the seeds of a stacked run)."""
         super().__init__(f"interrupted by {signal.Signals(signum).name} at env step {env_steps}")
 
 
@@ -95,7 +106,11 @@ class Trainer:
         cfg: TrainConfig,
         run_dir: Path | None = None,
         checkpoint: dict[str, Any] | None = None,
+        env: BatchedEnv | None = None,
+        learner: Learner | None = None,
     ) -> None:
+        """``env`` and ``learner`` given together: a run whose learner was built elsewhere (one
+        seed of a stacked run, :func:`train_seeds`); otherwise both are made from ``cfg``."""
         self.cfg = cfg
         self.governor: ThreadGovernor | None = None
         if cfg.threads:
@@ -103,19 +118,29 @@ class Trainer:
         elif config_mod.check_device(cfg.device).type == "cpu" and not _THREADS_FROM_ENV:
             self.governor = ThreadGovernor()
         device = config_mod.check_device(cfg.device)
-        _check_memory(cfg, device)
-        self.env = make_env(
-            cfg.env.name, num_envs=cfg.env.num_envs, device=device, seed=cfg.seed, **cfg.env.kwargs
-        )
-        self.eval_env = make_env(
-            cfg.env.name,
-            num_envs=cfg.eval_episodes,
-            device=device,
-            seed=cfg.seed + _EVAL_SEED_OFFSET,
-            **fit_workers(cfg.env.kwargs, cfg.eval_episodes),
-        )
+        if env is None:
+            _check_memory(cfg, device)
+            env = make_env(
+                cfg.env.name,
+                num_envs=cfg.env.num_envs,
+                device=device,
+                seed=cfg.seed,
+                **cfg.env.kwargs,
+            )
+        self.env = env
+        try:
+            self.eval_env = make_env(
+                cfg.env.name,
+                num_envs=cfg.eval_episodes,
+                device=device,
+                seed=cfg.seed + _EVAL_SEED_OFFSET,
+                **fit_workers(cfg.env.kwargs, cfg.eval_episodes),
+            )
+        except BaseException:
+            env.close()
+            raise
         self.device = self.env.device
-        self.learner: Learner = make_learner(cfg, self.env)
+        self.learner: Learner = learner if learner is not None else make_learner(cfg, self.env)
         self.iteration = 0
         self.env_steps = 0
         self.wall_offset = 0.0
@@ -166,13 +191,17 @@ class Trainer:
         }
 
     def _restore(self, ckpt: dict[str, Any]) -> None:
+        self.restore_progress(ckpt)
+        self.learner.load_state_dict(ckpt["learner"], self.iteration)
+
+    def restore_progress(self, ckpt: dict[str, Any]) -> None:
+        """The counters of a checkpoint (the learner's state is restored by its owner)."""
         progress = ckpt["progress"]
         self.iteration = int(progress["iteration"])
         self.env_steps = int(progress["env_steps"])
         self.wall_offset = float(progress["wall_seconds"])
         self.eval_count = int(progress["eval_count"])
         self.last_eval = dict(progress["last_eval"])
-        self.learner.load_state_dict(ckpt["learner"], self.iteration)
 
     def save_checkpoint(self, wall_seconds: float, periodic: bool = False) -> Path:
         assert self.run_dir is not None
@@ -223,59 +252,86 @@ class Trainer:
         self, logger: MetricsLogger | None = None, progress: ProgressBar | None = None
     ) -> dict[str, Any]:
         """Train until ``total_env_steps``; returns the summary."""
-        cfg = self.cfg
-        start = time.perf_counter() - self.wall_offset
-        steps_at_start, time_at_start = self.env_steps, time.perf_counter()
-        timings = {"rollout_seconds": 0.0, "update_seconds": 0.0}
-        while self.env_steps < cfg.total_env_steps:
+        self.begin()
+        while not self.done:
             result = self.iterate()
-            for k in timings:
-                timings[k] += result.pop(k)
-            self.check_finite(result)
-            if self.governor is not None:
-                self.governor.update()
-            last = self.env_steps >= cfg.total_env_steps
-            evaluating = last or (cfg.eval_interval and self.iteration % cfg.eval_interval == 0)
-            logging_now = last or self.iteration % cfg.log_interval == 0 or evaluating
-            if logging_now:
-                train = self.learner.tracker.read()
-                if "episode_return" in train:
-                    self.last_train = train
-                elapsed = time.perf_counter() - time_at_start
-                sps = (self.env_steps - steps_at_start) / max(elapsed, 1e-9)
-                metrics: dict[str, float] = {
-                    "iteration": float(self.iteration),
-                    "wall_seconds": time.perf_counter() - start,
-                    "steps_per_second": sps,
-                    "threads": float(torch.get_num_threads()),
-                    **self.learner.schedule_metrics(),
-                    **{f"train/{k}": v for k, v in train.items()},
-                    **{f"time/{k}": v for k, v in timings.items()},
-                    **{f"loss/{k}": v for k, v in result.items()},
-                }
-                if evaluating:
-                    metrics.update({f"eval/{k}": v for k, v in self.evaluate().items()})
-                if logger is not None:
-                    logger.log(self.env_steps, metrics)
-                if progress is not None:
-                    progress.update(
-                        self.env_steps, sps, self.last_train.get("episode_return"), final=last
-                    )
-            stopping = self.stop_signal is not None
-            due = last or stopping or self.iteration % cfg.checkpoint_interval == 0
-            if self.run_dir is not None and due:
-                # A stop on a signal saves like a periodic checkpoint (without a replay buffer the
-                # config leaves out of them): it must finish within a SIGTERM's grace period.
-                self.save_checkpoint(time.perf_counter() - start, periodic=not last)
-            if stopping and not last:
-                assert self.stop_signal is not None and self.run_dir is not None
-                raise RunInterrupted(
-                    self.stop_signal, self.run_dir, self.env_steps, self.last_checkpoint
+            if self.after_iteration(result, logger, progress):
+                self.raise_interrupted()
+        return self.finish()
+
+    @property
+    def done(self) -> bool:
+        return self.env_steps >= self.cfg.total_env_steps
+
+    def begin(self) -> None:
+        """Start the clocks of :meth:`after_iteration` and :meth:`finish`."""
+        self._start = time.perf_counter() - self.wall_offset
+        self._steps_at_start, self._time_at_start = self.env_steps, time.perf_counter()
+        self._timings = {"rollout_seconds": 0.0, "update_seconds": 0.0}
+
+    def after_iteration(
+        self,
+        result: dict[str, float],
+        logger: MetricsLogger | None = None,
+        progress: ProgressBar | None = None,
+    ) -> bool:
+        """Everything after an iteration's update: the finiteness check, logging, evaluation
+        and checkpoints. Returns whether the run must stop now on a signal (its checkpoint is
+        saved; the caller raises :meth:`raise_interrupted`)."""
+        cfg = self.cfg
+        for k in self._timings:
+            self._timings[k] += result.pop(k)
+        self.check_finite(result)
+        if self.governor is not None:
+            self.governor.update()
+        last = self.done
+        evaluating = last or (cfg.eval_interval and self.iteration % cfg.eval_interval == 0)
+        logging_now = last or self.iteration % cfg.log_interval == 0 or evaluating
+        if logging_now:
+            train = self.learner.tracker.read()
+            if "episode_return" in train:
+                self.last_train = train
+            elapsed = time.perf_counter() - self._time_at_start
+            sps = (self.env_steps - self._steps_at_start) / max(elapsed, 1e-9)
+            metrics: dict[str, float] = {
+                "iteration": float(self.iteration),
+                "wall_seconds": time.perf_counter() - self._start,
+                "steps_per_second": sps,
+                "threads": float(torch.get_num_threads()),
+                **self.learner.schedule_metrics(),
+                **{f"train/{k}": v for k, v in train.items()},
+                **{f"time/{k}": v for k, v in self._timings.items()},
+                **{f"loss/{k}": v for k, v in result.items()},
+            }
+            if evaluating:
+                metrics.update({f"eval/{k}": v for k, v in self.evaluate().items()})
+            if logger is not None:
+                logger.log(self.env_steps, metrics)
+            if progress is not None:
+                progress.update(
+                    self.env_steps, sps, self.last_train.get("episode_return"), final=last
                 )
-        wall = time.perf_counter() - start
-        return self.summary(
-            wall, (self.env_steps - steps_at_start) / max(time.perf_counter() - time_at_start, 1e-9)
+        stopping = self.stop_signal is not None
+        due = last or stopping or self.iteration % cfg.checkpoint_interval == 0
+        if self.run_dir is not None and due:
+            # A stop on a signal saves like a periodic checkpoint (without a replay buffer the
+            # config leaves out of them): it must finish within a SIGTERM's grace period.
+            self.save_checkpoint(time.perf_counter() - self._start, periodic=not last)
+        return stopping and not last
+
+    def raise_interrupted(self, others: list[Path] | None = None) -> None:
+        """Raise :class:`RunInterrupted` for the signal that stopped this run (``others``: the
+        directories of runs stopped with it)."""
+        assert self.stop_signal is not None and self.run_dir is not None
+        raise RunInterrupted(
+            self.stop_signal, self.run_dir, self.env_steps, self.last_checkpoint, others
         )
+
+    def finish(self) -> dict[str, Any]:
+        """The summary at the end of :meth:`run`."""
+        wall = time.perf_counter() - self._start
+        elapsed = max(time.perf_counter() - self._time_at_start, 1e-9)
+        return self.summary(wall, (self.env_steps - self._steps_at_start) / elapsed)
 
     def summary(self, wall: float, sps: float) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -343,6 +399,11 @@ def train(
         )
     else:
         config_mod.check(cfg)
+    if cfg.num_seeds > 1:
+        raise config_mod.ConfigError(
+            f"num_seeds={cfg.num_seeds} trains several runs; call mappo.train_seeds (which "
+            "returns one Run per seed), or set num_seeds=1"
+        )
     trainer = Trainer(cfg)
     try:
         path = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
@@ -351,7 +412,94 @@ def train(
         trainer.close()
         raise
     trainer.run_dir = path
-    return _run(trainer, resume_step=None)
+    return _run([trainer], lambda: [trainer.learner.iterate(trainer.iteration, trainer.env_steps)],
+                [None])[0]  # fmt: skip
+
+
+def _load(cfg: TrainConfig | str, overrides: list[str] | dict[str, Any] | None) -> TrainConfig:
+    if isinstance(cfg, str):
+        return config_mod.load(cfg, overrides)
+    if overrides:
+        return config_mod.apply(
+            cfg, config_mod.parse_overrides(overrides) if isinstance(overrides, list) else overrides
+        )
+    config_mod.check(cfg)
+    return cfg
+
+
+def train_seeds(
+    cfg: TrainConfig | str, overrides: list[str] | dict[str, Any] | None = None
+) -> list[Run]:
+    """Train seeds ``seed .. seed + num_seeds - 1`` of one configuration at once, in one process
+    (:mod:`mappo.learners.seeds`); returns one :class:`Run` per seed, each with its own run
+    directory (a single run's, resumable alone or together with :func:`resume_seeds`)."""
+    cfg = _load(cfg, overrides)
+    n = cfg.num_seeds
+    if cfg.seed + n - 1 > 2**32 - 1:
+        raise config_mod.ConfigError(
+            f"seeds {cfg.seed} .. {cfg.seed + n - 1} exceed 2**32 - 1; lower seed or num_seeds"
+        )
+    cfgs = [dataclasses.replace(cfg, seed=cfg.seed + k, num_seeds=1) for k in range(n)]
+    return _run_stacked(cfgs, checkpoints=None)
+
+
+def _run_stacked(
+    cfgs: list[TrainConfig],
+    checkpoints: list[tuple[Path, Path, dict[str, Any]]] | None,
+) -> list[Run]:
+    """Build the stacked learner of ``cfgs`` (restored from ``checkpoints``, ``(run dir, newest
+    checkpoint, its contents)`` per seed, when resuming) and train it to the end."""
+    from mappo.learners.seeds import SeedSlot, StackedPPOLearner
+
+    cfg = cfgs[0]
+    device = config_mod.check_device(cfg.device)
+    n = len(cfgs)
+    _check_memory(
+        dataclasses.replace(
+            cfg,
+            env=dataclasses.replace(cfg.env, num_envs=cfg.env.num_envs * n),
+            eval_episodes=cfg.eval_episodes * n,
+        ),
+        device,
+    )
+    envs: list[BatchedEnv] = []
+    trainers: list[Trainer] = []
+    try:
+        for c in cfgs:
+            envs.append(
+                make_env(
+                    c.env.name, num_envs=c.env.num_envs, device=device, seed=c.seed, **c.env.kwargs
+                )
+            )
+        stack = StackedPPOLearner(cfgs, envs)
+        for k, c in enumerate(cfgs):
+            trainers.append(Trainer(c, env=envs[k], learner=SeedSlot(stack, k)))
+            if k:
+                trainers[k].governor = None  # one governor sets the process's threads
+        if checkpoints is None:
+            for t in trainers:
+                t.run_dir = new_run_dir(t.cfg)
+        else:
+            for t, (path, newest, ckpt) in zip(trainers, checkpoints, strict=True):
+                t.restore_progress(ckpt)
+                t.run_dir, t.last_checkpoint = path, newest
+            stack.load_seed_states(
+                [ckpt["learner"] for _, _, ckpt in checkpoints], trainers[0].iteration
+            )
+            for path, newest, _ in checkpoints:
+                tidy_for_resume(path, newest)
+    except BaseException:
+        for t in trainers:
+            t.close()
+        for env in envs[len(trainers) :]:
+            env.close()
+        raise
+
+    def iterate_all() -> list[dict[str, float]]:
+        return stack.iterate(trainers[0].iteration, trainers[0].env_steps)
+
+    resume_steps = [None] * n if checkpoints is None else [t.env_steps for t in trainers]
+    return _run(trainers, iterate_all, resume_steps, locked=checkpoints is not None)
 
 
 def resume(run_dir: str | Path, overrides: list[str] | dict[str, Any] | None = None) -> Run:
@@ -361,29 +509,104 @@ def resume(run_dir: str | Path, overrides: list[str] | dict[str, Any] | None = N
     learning rates, intervals...); they are recorded in the run's ``config.yaml``. Nothing in
     the run directory is written before every check has passed."""
     path = Path(run_dir)
-    if not path.is_dir():
-        raise CheckpointError(f"run directory '{path}' does not exist")
-    with hold_lock(path):
-        newest, ckpt = load_latest(path)
-        saved = config_mod.from_dict(ckpt["config"])
-        cfg = config_mod.from_dict(ckpt["config"])
-        if overrides:
-            cfg = config_mod.apply(
-                cfg,
-                config_mod.parse_overrides(overrides) if isinstance(overrides, list) else overrides,
-            )
-        _check_resumable(saved, cfg)
-        done = int(ckpt["progress"]["env_steps"])
-        if done >= cfg.total_env_steps:
+    with hold_lock(_existing(path)):
+        newest, ckpt, cfg = _resumable(path, overrides)
+        if cfg.num_seeds > 1:
             raise config_mod.ConfigError(
-                f"run '{path}' already reached total_env_steps={cfg.total_env_steps:,} "
-                f"({done:,} steps); resume with a larger total_env_steps=N to train further"
+                "num_seeds cannot be set when resuming one run; give several run directories "
+                "to resume seeds together"
             )
         trainer = Trainer(cfg, checkpoint=ckpt)
         trainer.run_dir = path
         trainer.last_checkpoint = newest
         tidy_for_resume(path, newest)
-        return _run(trainer, resume_step=trainer.env_steps, locked=True)
+        return _run(
+            [trainer],
+            lambda: [trainer.learner.iterate(trainer.iteration, trainer.env_steps)],
+            [trainer.env_steps],
+            locked=True,
+        )[0]
+
+
+def resume_seeds(
+    run_dirs: list[str | Path], overrides: list[str] | dict[str, Any] | None = None
+) -> list[Run]:
+    """Continue several seeds of one configuration together in one process (as
+    :func:`train_seeds` trains them); they must be at the same iteration. ``overrides`` apply to
+    every seed, as in :func:`resume`."""
+    paths = [Path(d) for d in run_dirs]
+    if len({p.resolve() for p in paths}) < len(paths):
+        raise config_mod.ConfigError("a run directory is given twice; give each seed's once")
+    with contextlib.ExitStack() as locks:
+        for p in paths:
+            locks.enter_context(hold_lock(_existing(p)))
+        found = [_resumable(p, overrides) for p in paths]
+        cfgs = [cfg for _, _, cfg in found]
+        first = _comparable(cfgs[0])
+        for p, cfg in zip(paths[1:], cfgs[1:], strict=True):
+            diff = sorted(k for k in first.keys() | _comparable(cfg).keys()
+                          if first.get(k) != _comparable(cfg).get(k))  # fmt: skip
+            if diff:
+                raise config_mod.ConfigError(
+                    f"run '{p}' differs from '{paths[0]}' in config field '{diff[0]}'; only "
+                    "seeds of one configuration resume together (resume the others separately)"
+                )
+        iterations = sorted({int(ckpt["progress"]["iteration"]) for _, ckpt, _ in found})
+        if len(iterations) > 1:
+            raise config_mod.ConfigError(
+                f"the runs' newest checkpoints are at different iterations {iterations}; resume "
+                "them separately, or each to the same iteration first"
+            )
+        if len({c.seed for c in cfgs}) < len(cfgs):
+            raise config_mod.ConfigError("two of the runs have the same seed; give distinct seeds")
+        if cfgs[0].family != "ppo":
+            raise config_mod.ConfigError(
+                f"seeds resume together for algo.name=mappo only, not {cfgs[0].algo.name!r}; "
+                "resume each run separately"
+            )
+        return _run_stacked(
+            [dataclasses.replace(c, num_seeds=1) for c in cfgs],
+            [(p, newest, ckpt) for p, (newest, ckpt, _) in zip(paths, found, strict=True)],
+        )
+
+
+def _existing(path: Path) -> Path:
+    if not path.is_dir():
+        raise CheckpointError(f"run directory '{path}' does not exist")
+    return path
+
+
+def _resumable(
+    path: Path, overrides: list[str] | dict[str, Any] | None
+) -> tuple[Path, dict[str, Any], TrainConfig]:
+    """A run's newest checkpoint, its contents and the config to continue with (checked)."""
+    newest, ckpt = load_latest(path)
+    saved = config_mod.from_dict(ckpt["config"])
+    cfg = config_mod.from_dict(ckpt["config"])
+    if overrides:
+        cfg = config_mod.apply(
+            cfg,
+            config_mod.parse_overrides(overrides) if isinstance(overrides, list) else overrides,
+        )
+    _check_resumable(saved, cfg)
+    done = int(ckpt["progress"]["env_steps"])
+    if done >= cfg.total_env_steps:
+        raise config_mod.ConfigError(
+            f"run '{path}' already reached total_env_steps={cfg.total_env_steps:,} "
+            f"({done:,} steps); resume with a larger total_env_steps=N to train further"
+        )
+    return newest, ckpt, cfg
+
+
+def _comparable(cfg: TrainConfig) -> dict[str, Any]:
+    """The config fields that seeds trained together must share: all but the seed and each
+    run's own bookkeeping (its directory, logging and evaluation intervals); the budget, the
+    device and the compiled path are shared by the one loop."""
+    from mappo.experiments.runs import BOOKKEEPING_KEYS
+
+    own = set(BOOKKEEPING_KEYS) - {"total_env_steps", "device", "compile"}
+    flat = config_mod._flatten(config_mod.to_dict(cfg))
+    return {k: v for k, v in flat.items() if k not in own}
 
 
 # What a checkpoint's state depends on: these keys cannot change when a run is resumed.
@@ -448,7 +671,7 @@ def hold_lock(folder: Path, what: str = "run") -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _stop_on_signals(trainer: Trainer) -> Iterator[None]:
+def _stop_on_signals(trainers: list[Trainer]) -> Iterator[None]:
     """SIGINT / SIGTERM ask the trainer to finish its iteration, checkpoint and stop
     (:class:`RunInterrupted`); a second signal stops at once. Only the main thread may install
     handlers; elsewhere the signals keep their behaviour."""
@@ -457,10 +680,11 @@ def _stop_on_signals(trainer: Trainer) -> Iterator[None]:
         return
 
     def handler(signum: int, frame: Any) -> None:
-        if trainer.stop_signal is not None:
+        again = trainers[0].stop_signal is not None
+        for trainer in trainers:
             trainer.stop_signal = signum
+        if again:
             raise KeyboardInterrupt
-        trainer.stop_signal = signum
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -470,35 +694,72 @@ def _stop_on_signals(trainer: Trainer) -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _run(trainer: Trainer, resume_step: int | None, locked: bool = False) -> Run:
-    cfg = trainer.cfg
-    path = trainer.run_dir
-    assert path is not None
+def _run(
+    trainers: list[Trainer],
+    iterate_all: Callable[[], list[dict[str, float]]],
+    resume_steps: list[int | None],
+    locked: bool = False,
+) -> list[Run]:
+    """Train ``trainers`` (one run, or the seeds of a stacked run) to the end: ``iterate_all``
+    runs one iteration of all of them and returns each one's result."""
+    cfg = trainers[0].cfg
+    paths = [t.run_dir for t in trainers]
+    assert all(p is not None for p in paths)
     try:
         with contextlib.ExitStack() as stack:
-            if not locked:
-                stack.enter_context(hold_lock(path))
-            # Read (and check) the metrics of a resumed run before anything is written.
-            logger = MetricsLogger(
-                path,
-                cfg.tensorboard,
-                cfg.wandb_project if cfg.wandb else None,
-                config_mod.to_dict(cfg),
-                resume_step=resume_step,
-            )
-            stack.callback(logger.close)
-            config_mod.save(cfg, path / "config.yaml")
+            loggers = []
+            for t, step in zip(trainers, resume_steps, strict=True):
+                assert t.run_dir is not None
+                if not locked:
+                    stack.enter_context(hold_lock(t.run_dir))
+                # Read (and check) the metrics of a resumed run before anything is written.
+                logger = MetricsLogger(
+                    t.run_dir,
+                    t.cfg.tensorboard,
+                    t.cfg.wandb_project if t.cfg.wandb else None,
+                    config_mod.to_dict(t.cfg),
+                    resume_step=step,
+                )
+                stack.callback(logger.close)
+                loggers.append(logger)
+            for t in trainers:
+                assert t.run_dir is not None
+                config_mod.save(t.cfg, t.run_dir / "config.yaml")
             progress = ProgressBar(cfg.total_env_steps) if cfg.progress else None
-            with _stop_on_signals(trainer):
-                summary = trainer.run(logger, progress)
+            with _stop_on_signals(trainers):
+                for t in trainers:
+                    t.begin()
+                while not trainers[0].done:
+                    stopping = False
+                    for k, (t, result) in enumerate(zip(trainers, iterate_all(), strict=True)):
+                        t.iteration += 1
+                        t.env_steps += int(result.pop("env_steps"))
+                        shown = progress if k == 0 else None
+                        stopping = t.after_iteration(result, loggers[k], shown) or stopping
+                    if stopping:
+                        trainers[0].raise_interrupted([t.run_dir for t in trainers[1:]])  # type: ignore[misc]
+                summaries = [t.finish() for t in trainers]
     except KeyboardInterrupt:
         # A second Ctrl-C during an iteration: the checkpoints written so far are intact.
-        signum = trainer.stop_signal or signal.SIGINT
-        raise RunInterrupted(signum, path, trainer.env_steps, trainer.last_checkpoint) from None
+        t = trainers[0]
+        signum = t.stop_signal or signal.SIGINT
+        raise RunInterrupted(
+            signum,
+            t.run_dir,
+            t.env_steps,
+            t.last_checkpoint,
+            [u.run_dir for u in trainers[1:]],  # type: ignore[arg-type,misc]
+        ) from None
     finally:
-        trainer.close()
-    summary["run_dir"] = str(path)
-    tmp = path / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(path / "summary.json")
-    return Run(path, cfg, summary, trainer.policy)
+        for t in trainers:
+            t.close()
+    runs = []
+    for t, summary in zip(trainers, summaries, strict=True):
+        path = t.run_dir
+        assert path is not None
+        summary["run_dir"] = str(path)
+        tmp = path / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2))
+        tmp.replace(path / "summary.json")
+        runs.append(Run(path, t.cfg, summary, t.policy))
+    return runs

@@ -57,10 +57,9 @@ def update_flops(trainer: Trainer) -> float:
     return float(counter.get_total_flops())
 
 
-def _timed_steps(trainer: Trainer) -> list[float]:
-    """Time every ``env.step`` of the trainer's env from now on; returns the running total (a
-    one-element list). Only the benchmark does this: the training loop itself never times."""
-    env = trainer.env
+def _timed_steps(env: Any) -> list[float]:
+    """Time every ``env.step`` from now on; returns the running total (a one-element list). Only
+    the benchmark does this: the training loop itself never times."""
     total = [0.0]
     step = env.step
 
@@ -74,26 +73,71 @@ def _timed_steps(trainer: Trainer) -> list[float]:
     return total
 
 
+def _stacked_bench(
+    cfg: TrainConfig, iterations: int, warmup: int
+) -> tuple[float, float, float, float, int]:
+    """:func:`run_train_bench` for ``num_seeds > 1`` (:mod:`mappo.learners.seeds`): returns
+    compile seconds, env, rollout and update seconds over ``iterations``, and the env steps of
+    all seeds together."""
+    import dataclasses
+
+    from mappo.config import check_device
+    from mappo.envs.registry import make
+    from mappo.learners.seeds import StackedPPOLearner
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    cfgs = [dataclasses.replace(cfg, seed=cfg.seed + k, num_seeds=1) for k in range(cfg.num_seeds)]
+    device = check_device(cfg.device)
+    envs = [
+        make(c.env.name, num_envs=c.env.num_envs, device=device, seed=c.seed, **c.env.kwargs)
+        for c in cfgs
+    ]
+    try:
+        learner = StackedPPOLearner(cfgs, envs)
+        compiled = 0.0
+        for it in range(warmup):
+            compiled = learner.iterate(it, 0)[0].get("compile_seconds", 0.0)
+        env_time = _timed_steps(learner.blocks)
+        rollout = upd = 0.0
+        for it in range(warmup, warmup + iterations):
+            r = learner.iterate(it, 0)[0]
+            compiled = r.get("compile_seconds", compiled)
+            rollout += r["rollout_seconds"]
+            upd += r["update_seconds"]
+    finally:
+        for env in envs:
+            env.close()
+    steps = cfg.steps_per_update * iterations * cfg.num_seeds
+    return compiled, env_time[0], rollout, upd, steps
+
+
 def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> dict[str, Any]:
     """Train ``warmup + iterations`` iterations of ``cfg`` (no run directory) and time the last
     ``iterations``. Returns env steps/s, the environment / acting / update split and, for mappo,
     the update's FLOP rate."""
     cfg.progress = False
-    trainer = Trainer(cfg)
-    compiled = 0.0
-    for _ in range(warmup):
-        compiled = trainer.iterate().get("compile_seconds", 0.0)
-    env_time = _timed_steps(trainer)
-    rollout = upd = 0.0
-    steps_before = trainer.env_steps
-    for _ in range(iterations):
-        r = trainer.iterate()
-        compiled = r.get("compile_seconds", compiled)
-        rollout += r["rollout_seconds"]
-        upd += r["update_seconds"]
-    steps = trainer.env_steps - steps_before
-    flops = update_flops(trainer) if cfg.family == "ppo" else 0.0
-    trainer.close()
+    if cfg.num_seeds > 1:
+        stacked = _stacked_bench(cfg, iterations, warmup)
+        compiled, env_seconds, rollout, upd, steps = stacked
+        flops = 0.0
+    else:
+        trainer = Trainer(cfg)
+        compiled = 0.0
+        for _ in range(warmup):
+            compiled = trainer.iterate().get("compile_seconds", 0.0)
+        env_time = _timed_steps(trainer.env)
+        rollout = upd = 0.0
+        steps_before = trainer.env_steps
+        for _ in range(iterations):
+            r = trainer.iterate()
+            compiled = r.get("compile_seconds", compiled)
+            rollout += r["rollout_seconds"]
+            upd += r["update_seconds"]
+        steps = trainer.env_steps - steps_before
+        env_seconds = env_time[0]
+        flops = update_flops(trainer) if cfg.family == "ppo" else 0.0
+        trainer.close()
     mm = matmul_rate(device=cfg.device)
     achieved = flops * iterations / upd if upd > 0 else 0.0
     total = rollout + upd
@@ -102,6 +146,7 @@ def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> d
         "env": cfg.env.name,
         "device": cfg.device,
         "num_envs": cfg.env.num_envs,
+        "num_seeds": cfg.num_seeds,
         "rollout_length": cfg.rollout_length if cfg.family == "ppo" else None,
         "epochs": getattr(cfg.algo, "epochs", None),
         "num_minibatches": getattr(cfg.algo, "num_minibatches", None),
@@ -113,10 +158,10 @@ def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> d
         "steps_per_second": steps / total,
         "rollout_seconds_per_iteration": rollout / iterations,
         "update_seconds_per_iteration": upd / iterations,
-        "env_seconds_per_iteration": env_time[0] / iterations,
-        "acting_seconds_per_iteration": (rollout - env_time[0]) / iterations,
+        "env_seconds_per_iteration": env_seconds / iterations,
+        "acting_seconds_per_iteration": (rollout - env_seconds) / iterations,
         "rollout_share": rollout / total,
-        "env_share": env_time[0] / total,
+        "env_share": env_seconds / total,
         "update_flops_per_iteration": flops,
         "update_flop_rate": achieved,
         "matmul_flop_rate": mm,
@@ -137,9 +182,13 @@ def format_report(r: dict[str, Any]) -> str:
     else:
         shape = f"{r['num_envs']} episodes per iteration, batches of {r['batch_size']} episodes"
     ms = 1e3
+    seeds = r.get("num_seeds") or 1
+    if seeds > 1:
+        shape += f", {seeds} seeds stacked"
     lines = [
         f"{r['env']} {r['config']} ({shape}, {r['device']})",
-        f"  env steps/s        {r['steps_per_second']:12,.0f}",
+        f"  env steps/s        {r['steps_per_second']:12,.0f}"
+        + (" (all seeds together)" if seeds > 1 else ""),
         f"  env / acting / update  {r['env_seconds_per_iteration'] * ms:8.1f} / "
         f"{r['acting_seconds_per_iteration'] * ms:8.1f} / "
         f"{r['update_seconds_per_iteration'] * ms:8.1f} ms per iteration",

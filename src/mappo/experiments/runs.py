@@ -41,6 +41,7 @@ BOOKKEEPING_KEYS = (
     "preset",
     "algo.buffer_in_checkpoints",
     "compile",  # the same updates, compiled or not
+    "num_seeds",  # seeds trained together learn what they would alone
 )
 WIN_RATE = "eval/eval_battle_won"
 RETURN = "eval/eval_return_mean"

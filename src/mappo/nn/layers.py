@@ -99,6 +99,13 @@ class MLP(nn.Module):
         return self.net(x)
 
 
+def _traced(x: Tensor) -> bool:
+    """Whether ``x`` is being traced (``torch.compile``) or batched by ``torch.func.vmap`` (the
+    seed-stacked path): the fused path below reads which steps reset on the host, which
+    neither allows."""
+    return torch.compiler.is_compiling() or torch._C._functorch.is_batchedtensor(x)
+
+
 class RecurrentCore(nn.Module):
     """A GRU (the paper) or LSTM layer whose hidden state resets where an episode starts.
 
@@ -152,7 +159,7 @@ class RecurrentCore(nn.Module):
         keep = (1.0 - starts.to(x.dtype)).unsqueeze(-1).unsqueeze(-1)  # [L, *B, 1, 1]
         if whole_episodes and inject is None and shared:
             return self._segments(x, state, keep, None, [0])
-        if shared and x.shape[0] > 1 and x.is_cpu and not torch.compiler.is_compiling():
+        if shared and x.shape[0] > 1 and x.is_cpu and not _traced(x):
             # Eager training on sequences: between steps where some row resets, the whole batch
             # runs in torch's fused kernel (the MAPPO paper's RNNLayer does the same). One host
             # sync finds those steps; where they are too many, the loop below is cheaper. CPU

@@ -1,0 +1,248 @@
+"""Many seeds in one process (``num_seeds``, :mod:`mappo.learners.seeds`): seed k of a stacked
+run learns what a single run of seed k learns, keeps a single run's checkpoints, and resumes
+alone or together."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mappo import config as config_mod
+from mappo.cli import main
+from mappo.config import ConfigError
+from mappo.envs.registry import make
+from mappo.learners.seeds import StackedPPOLearner, seed_grad_norms
+from mappo.trainer import Trainer, resume, resume_seeds, train, train_seeds
+
+# Rounding of batched against plain matrix multiplies, after a few updates (measured: <= 1e-6).
+PARAM_TOL = 2e-5
+SMALL = {"env.num_envs": 4, "rollout_length": 16, "threads": 1, "progress": False}
+
+
+def _cfg(preset: str, **overrides) -> config_mod.TrainConfig:
+    return config_mod.load(preset, {**SMALL, "tensorboard": False, **overrides})
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+CASES = {
+    # feed-forward, 4 shuffled mini-batches per epoch
+    "ff_minibatches": ("mpe/simple_spread_jaxmarl_ff", {}),
+    # the paper's recurrent MAPPO: 64 samples in chunks of 10 (padding, chunks crossing envs)
+    "recurrent_padded": ("mpe/simple_spread", {}),
+    # two groups (speaker, listener), PopArt rescaling the value heads in place
+    "two_groups_popart": ("mpe/simple_speaker_listener", {"algo.value_norm": "popart"}),
+    # action masks, death masking, agent-specific state, truncation bootstrap
+    "smac_masks": (
+        "smac/3m",
+        {
+            "algo.critic_input": "agent_state",
+            "algo.death_masked_critic": True,
+            "algo.bootstrap_truncation": True,
+        },
+    ),
+    # a Gaussian policy with per-agent parameters
+    "continuous_per_agent": ("mpe/simple_spread_continuous", {"model.share_params": False}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_seed_learns_what_its_single_run_learns(case):
+    preset, overrides = CASES[case]
+    cfg = _cfg(preset, **overrides)
+    cfgs = [dataclasses.replace(cfg, seed=s) for s in (3, 4, 7)]
+    envs = [make(c.env.name, num_envs=c.env.num_envs, seed=c.seed, **c.env.kwargs) for c in cfgs]
+    stacked = StackedPPOLearner(cfgs, envs)
+    singles = [Trainer(c) for c in cfgs]
+    try:
+        for it in range(3):
+            results = stacked.iterate(it, 0)
+            single_results = [t.iterate() for t in singles]
+        for k, t in enumerate(singles):
+            got, want = stacked.policies[k].state_dict(), t.policy.state_dict()
+            assert _max_diff(got, want) < PARAM_TOL, f"seed {cfgs[k].seed}"
+            for key, value in single_results[k].items():
+                if key.endswith("_seconds"):
+                    continue
+                assert results[k][key] == pytest.approx(value, rel=1e-3, abs=1e-4), key
+            # episode statistics are per seed, as a single run counts them
+            mine, theirs = stacked.seed_tracker(k).read(), t.learner.tracker.read()
+            assert mine.keys() == theirs.keys()
+            for key in mine:
+                assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-4), key
+        # the seeds differ from each other (their own initialisations and envs)
+        a, b = stacked.policies[0].state_dict(), stacked.policies[1].state_dict()
+        assert _max_diff(a, b) > 1e-3
+    finally:
+        for t in singles:
+            t.close()
+        for env in envs:
+            env.close()
+
+
+def test_per_seed_gradient_clipping_matches_torch():
+    torch.manual_seed(0)
+    grads = [torch.randn(3, 4, 5) * s for s in (1.0, 10.0)]
+    params = []
+    for g in grads:
+        p = torch.zeros_like(g, requires_grad=True)
+        p.grad = g.clone()
+        params.append(p)
+    norms = seed_grad_norms(params, max_norm=2.0)
+    for k in range(3):
+        single = [torch.zeros_like(g[k], requires_grad=True) for g in grads]
+        for p, g in zip(single, grads, strict=True):
+            p.grad = g[k].clone()
+        want = torch.nn.utils.clip_grad_norm_(single, 2.0)
+        assert float(norms[k]) == pytest.approx(float(want), rel=1e-6)
+        for p, q in zip(params, single, strict=True):
+            torch.testing.assert_close(p.grad[k], q.grad)
+
+
+def _steps(cfg: config_mod.TrainConfig, iterations: int) -> int:
+    return cfg.steps_per_update * iterations
+
+
+def test_seed_runs_have_their_own_directories_and_resume_alone_or_together(tmp_path):
+    preset = "mpe/simple_spread_jaxmarl_ff"
+    # (no learning-rate decay: its schedule depends on total_env_steps, which the resume raises)
+    base = {"eval_interval": 1, "eval_episodes": 4, "checkpoint_interval": 1, "num_seeds": 2,
+            "algo.lr_decay": False}  # fmt: skip
+    cfg = _cfg(preset, **base)
+    two, four = _steps(cfg, 2), _steps(cfg, 4)
+
+    first = train_seeds(
+        preset, {**SMALL, **base, "total_env_steps": two, "run_dir": str(tmp_path / "a")}
+    )
+    assert [r.config.seed for r in first] == [1, 2]
+    dirs = [r.dir for r in first]
+    assert len(set(dirs)) == 2
+    for run, seed in zip(first, (1, 2), strict=True):
+        saved = config_mod.load(str(run.dir / "config.yaml"))
+        assert (saved.seed, saved.num_seeds) == (seed, 1)
+        assert (run.dir / "metrics.csv").read_text().count("\n") == 3  # header + 2 updates
+        assert run.summary["env_steps"] == two and "eval_return_mean" in run.summary
+    alone = tmp_path / "alone"
+    shutil.copytree(dirs[1], alone)
+
+    # together, in one process
+    together = resume_seeds(dirs, {"total_env_steps": four})
+    # seed 2 alone, as a single run, from the same checkpoint
+    single = resume(alone, {"total_env_steps": four})
+    # both seeds uninterrupted
+    straight = train_seeds(
+        preset, {**SMALL, **base, "total_env_steps": four, "run_dir": str(tmp_path / "b")}
+    )
+    for k in range(2):
+        got = together[k].policy.state_dict()
+        assert _max_diff(got, straight[k].policy.state_dict()) < PARAM_TOL
+        assert together[k].summary["env_steps"] == four
+    assert _max_diff(single.policy.state_dict(), together[1].policy.state_dict()) < PARAM_TOL
+    rows = (dirs[0] / "metrics.csv").read_text().strip().splitlines()
+    assert len(rows) == 5  # the resumed seed appends to its own metrics
+
+
+def test_stacked_runs_refuse_what_they_cannot_do(tmp_path):
+    with pytest.raises(ConfigError, match="num_seeds"):
+        config_mod.load("mpe/simple_spread_qmix", {"num_seeds": 2})
+    with pytest.raises(ConfigError, match="train_seeds"):
+        train("mpe/simple_spread_jaxmarl_ff", {**SMALL, "num_seeds": 2})
+    assert main(["train", "mpe/simple_spread_qmix", "num_seeds=2"]) == 2
+
+    def run(seed: int, where: str, **extra) -> Path:
+        over = {**SMALL, "seed": seed, "total_env_steps": 64, "run_dir": str(tmp_path / where)}
+        return train("mpe/simple_spread_jaxmarl_ff", {**over, **extra}).dir
+
+    a, b = run(1, "a"), run(2, "b", **{"algo.epochs": 2})
+    with pytest.raises(ConfigError, match="algo.epochs"):
+        resume_seeds([a, b], {"total_env_steps": 128})
+    c = run(3, "c", total_env_steps=128)
+    with pytest.raises(ConfigError, match="different iterations"):
+        resume_seeds([a, c], {"total_env_steps": 256})
+    with pytest.raises(ConfigError, match="twice"):
+        resume_seeds([a, a], {"total_env_steps": 128})
+    d = run(1, "d")
+    with pytest.raises(ConfigError, match="same seed"):
+        resume_seeds([a, d], {"total_env_steps": 128})
+    # nothing was written into the runs by the refusals
+    assert (a / "metrics.csv").read_text().count("\n") == 2
+
+
+def test_compiled_stacked_updates_equal_eager():
+    cfg = _cfg("mpe/simple_spread_jaxmarl_ff")
+    out = []
+    for setting in ("off", "on"):
+        cfgs = [dataclasses.replace(cfg, seed=s, compile=setting) for s in (1, 2)]
+        envs = [make(c.env.name, num_envs=c.env.num_envs, seed=c.seed) for c in cfgs]
+        stacked = StackedPPOLearner(cfgs, envs)
+        for it in range(2):
+            stacked.iterate(it, 0)
+        out.append([p.state_dict() for p in stacked.policies])
+    for eager, compiled in zip(*out, strict=True):
+        assert _max_diff(eager, compiled) < PARAM_TOL
+
+
+def test_a_signal_stops_every_seed_with_a_checkpoint_and_one_command_resumes_them(tmp_path):
+    args = [
+        "mpe/simple_spread_jaxmarl_ff", "num_seeds=2", "env.num_envs=4", "rollout_length=16",
+        "eval_episodes=2", "threads=1", "checkpoint_interval=1000", "total_env_steps=10000000",
+        "progress=false", "tensorboard=false", "log_interval=1", "run_dir=runs",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mappo.cli", "train", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("runs/*/*/*/*/metrics.csv"))) < 2:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    (line,) = err.strip().splitlines()
+    runs = sorted(tmp_path.glob("runs/mpe/simple_spread_jaxmarl_ff/ippo/*"))
+    assert len(runs) == 2
+    command = line.split("continue with: ")[1]
+    assert command.split()[:3] == ["mappo", "train", "--resume"]
+    assert sorted(command.split()[3:]) == sorted(str(r.relative_to(tmp_path)) for r in runs)
+    steps = []
+    for r in runs:
+        (ckpt,) = sorted((r / "checkpoints").glob("*.pt"))
+        steps.append(torch.load(ckpt, weights_only=True)["progress"]["env_steps"])
+    assert steps[0] == steps[1] > 0
+    end = steps[0] + 128
+    resumed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mappo.cli",
+            "train",
+            "--resume",
+            *command.split()[3:],
+            f"total_env_steps={end}",
+        ],  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.count("result:") == 2 and "trained together" in resumed.stdout
