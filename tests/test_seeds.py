@@ -19,7 +19,7 @@ from mappo import config as config_mod
 from mappo.cli import main
 from mappo.config import ConfigError
 from mappo.envs.registry import make
-from mappo.learners.seeds import StackedPPOLearner, seed_grad_norms
+from mappo.learners.seeds import OneEnvBlocks, StackedPPOLearner, make_seed_envs, seed_grad_norms
 from mappo.trainer import Trainer, resume, resume_seeds, train, train_seeds
 
 # Rounding of batched against plain matrix multiplies, after a few updates (measured: <= 1e-6).
@@ -62,8 +62,8 @@ def test_each_seed_learns_what_its_single_run_learns(case):
     preset, overrides = CASES[case]
     cfg = _cfg(preset, **overrides)
     cfgs = [dataclasses.replace(cfg, seed=s) for s in (3, 4, 7)]
-    envs = [make(c.env.name, num_envs=c.env.num_envs, seed=c.seed, **c.env.kwargs) for c in cfgs]
-    stacked = StackedPPOLearner(cfgs, envs)
+    blocks = make_seed_envs(cfgs, torch.device("cpu"))
+    stacked = StackedPPOLearner(cfgs, blocks)
     singles = [Trainer(c) for c in cfgs]
     try:
         for it in range(3):
@@ -87,8 +87,46 @@ def test_each_seed_learns_what_its_single_run_learns(case):
     finally:
         for t in singles:
             t.close()
-        for env in envs:
-            env.close()
+        blocks.close()
+
+
+@pytest.mark.parametrize(
+    "name", ["mpe/simple_spread", "mpe/simple_reference", "mpe/simple_speaker_listener"]
+)
+def test_a_particle_world_split_into_seed_blocks_replays_each_seed(name):
+    seeds, per = [5, 9, 11], 4
+    blocked = make(name, num_envs=per * len(seeds))
+    singles = [make(name, num_envs=per) for _ in seeds]
+    got = blocked.seed_blocks(seeds)
+    want = [env.reset(seed=s) for env, s in zip(singles, seeds, strict=True)]
+    g = torch.Generator().manual_seed(0)
+    for t in range(60):  # episodes of 25 steps: two auto-resets, whose draws are per block
+        for k, w in enumerate(want):
+            rows = slice(k * per, (k + 1) * per)
+            for group in w.obs:
+                assert torch.equal(got.obs[group][rows], w.obs[group]), (t, k, group)
+                assert torch.equal(got.reward[group][rows], w.reward[group]), (t, k, group)
+            assert torch.equal(got.done[rows], w.done)
+        actions = {
+            group: torch.stack(
+                [
+                    torch.randint(0, n, (per * len(seeds), spec.num_agents), generator=g)
+                    for n in spec.action.nvec
+                ],
+                -1,
+            )  # fmt: skip
+            for group, spec in blocked.spec.groups.items()
+        }
+        got = blocked.step(actions)
+        want = [
+            env.step({grp: a[k * per : (k + 1) * per] for grp, a in actions.items()})
+            for k, env in enumerate(singles)
+        ]
+    # an env of other kinds is stepped one seed after another
+    cfgs = [_cfg("smac/3m", seed=s) for s in (1, 2)]
+    assert not isinstance(make_seed_envs(cfgs, torch.device("cpu")), OneEnvBlocks)
+    cfgs = [_cfg("mpe/simple_spread", seed=s) for s in (1, 2)]
+    assert isinstance(make_seed_envs(cfgs, torch.device("cpu")), OneEnvBlocks)
 
 
 def test_per_seed_gradient_clipping_matches_torch():
@@ -184,8 +222,7 @@ def test_compiled_stacked_updates_equal_eager():
     out = []
     for setting in ("off", "on"):
         cfgs = [dataclasses.replace(cfg, seed=s, compile=setting) for s in (1, 2)]
-        envs = [make(c.env.name, num_envs=c.env.num_envs, seed=c.seed) for c in cfgs]
-        stacked = StackedPPOLearner(cfgs, envs)
+        stacked = StackedPPOLearner(cfgs, make_seed_envs(cfgs, torch.device("cpu")))
         for it in range(2):
             stacked.iterate(it, 0)
         out.append([p.state_dict() for p in stacked.policies])

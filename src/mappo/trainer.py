@@ -449,7 +449,7 @@ def _run_stacked(
 ) -> list[Run]:
     """Build the stacked learner of ``cfgs`` (restored from ``checkpoints``, ``(run dir, newest
     checkpoint, its contents)`` per seed, when resuming) and train it to the end."""
-    from mappo.learners.seeds import SeedSlot, StackedPPOLearner
+    from mappo.learners.seeds import SeedSlot, StackedPPOLearner, make_seed_envs
 
     cfg = cfgs[0]
     device = config_mod.check_device(cfg.device)
@@ -462,18 +462,12 @@ def _run_stacked(
         ),
         device,
     )
-    envs: list[BatchedEnv] = []
+    blocks = make_seed_envs(cfgs, device)
     trainers: list[Trainer] = []
     try:
-        for c in cfgs:
-            envs.append(
-                make_env(
-                    c.env.name, num_envs=c.env.num_envs, device=device, seed=c.seed, **c.env.kwargs
-                )
-            )
-        stack = StackedPPOLearner(cfgs, envs)
+        stack = StackedPPOLearner(cfgs, blocks)
         for k, c in enumerate(cfgs):
-            trainers.append(Trainer(c, env=envs[k], learner=SeedSlot(stack, k)))
+            trainers.append(Trainer(c, env=blocks.env_of(k), learner=SeedSlot(stack, k)))
             if k:
                 trainers[k].governor = None  # one governor sets the process's threads
         if checkpoints is None:
@@ -491,8 +485,7 @@ def _run_stacked(
     except BaseException:
         for t in trainers:
             t.close()
-        for env in envs[len(trainers) :]:
-            env.close()
+        blocks.close()
         raise
 
     def iterate_all() -> list[dict[str, float]]:

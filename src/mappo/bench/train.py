@@ -82,19 +82,14 @@ def _stacked_bench(
     import dataclasses
 
     from mappo.config import check_device
-    from mappo.envs.registry import make
-    from mappo.learners.seeds import StackedPPOLearner
+    from mappo.learners.seeds import StackedPPOLearner, make_seed_envs
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     cfgs = [dataclasses.replace(cfg, seed=cfg.seed + k, num_seeds=1) for k in range(cfg.num_seeds)]
-    device = check_device(cfg.device)
-    envs = [
-        make(c.env.name, num_envs=c.env.num_envs, device=device, seed=c.seed, **c.env.kwargs)
-        for c in cfgs
-    ]
+    blocks = make_seed_envs(cfgs, check_device(cfg.device))
     try:
-        learner = StackedPPOLearner(cfgs, envs)
+        learner = StackedPPOLearner(cfgs, blocks)
         compiled = 0.0
         for it in range(warmup):
             compiled = learner.iterate(it, 0)[0].get("compile_seconds", 0.0)
@@ -106,8 +101,7 @@ def _stacked_bench(
             rollout += r["rollout_seconds"]
             upd += r["update_seconds"]
     finally:
-        for env in envs:
-            env.close()
+        blocks.close()
     steps = cfg.steps_per_update * iterations * cfg.num_seeds
     return compiled, env_time[0], rollout, upd, steps
 

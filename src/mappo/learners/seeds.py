@@ -37,8 +37,10 @@ from torch.func import functional_call, vmap
 from mappo.algos.mappo import GroupSamples, Samples, loss_terms, make_samples
 from mappo.compiled import MAX_COMPILED_CHUNK, compile_seconds, wanted
 from mappo.config import TrainConfig
-from mappo.data import EnvStep, GroupBuffer, LazyGroups, Rollout, step_to_dict
+from mappo.data import EnvStep, GroupBuffer, LazyGroups, Rollout, step_from_dict, step_to_dict
 from mappo.envs.base import BatchedEnv
+from mappo.envs.registry import make as make_env
+from mappo.envs.registry import uses_workers
 from mappo.learners.ppo import generator
 from mappo.nn.actor_critic import ActorCritic
 from mappo.rollout import Collector, EpisodeTracker, allocate, policy_step
@@ -70,11 +72,13 @@ def cat_steps(steps: list[EnvStep]) -> EnvStep:
 
 
 class SeedBlocks:
-    """N batched envs of ``E`` copies each, stepped as one batch of ``N * E`` (what the
-    collector needs of an env: ``step``, ``spec``, ``num_envs``, ``device``)."""
+    """The envs of N seeds as one batch of ``N * E`` copies, seed ``k`` owning rows
+    ``k * E .. (k + 1) * E - 1``: N envs of ``E`` copies stepped one after another (any env).
+    :class:`OneEnvBlocks` does the same in one env that splits its random draws by seed."""
 
-    def __init__(self, envs: list[BatchedEnv]) -> None:
+    def __init__(self, envs: list[BatchedEnv], seeds: list[int]) -> None:
         self.envs = envs
+        self.seeds = seeds
         self.spec = envs[0].spec
         self.per_seed = envs[0].num_envs
         self.num_envs = self.per_seed * len(envs)
@@ -84,6 +88,16 @@ class SeedBlocks:
         """Seed ``k``'s rows of the batch."""
         return slice(k * self.per_seed, (k + 1) * self.per_seed)
 
+    def env_of(self, k: int) -> BatchedEnv:
+        """The env that seed ``k``'s run holds (its spec; closed with the run)."""
+        return self.envs[k]
+
+    def first_step(self) -> EnvStep:
+        """Every seed's envs reset from its seed, as a single run resets them."""
+        for env in self.envs:
+            env.validate_actions = False  # the trainer's own actions are always well formed
+        return cat_steps([env.reset(seed=s) for env, s in zip(self.envs, self.seeds, strict=True)])
+
     def step(self, actions: dict[str, Tensor]) -> EnvStep:
         """Step every seed's envs with its rows of ``actions`` (``[N * E, n, ...]`` per group)."""
         return cat_steps(
@@ -92,6 +106,94 @@ class SeedBlocks:
                 for k, env in enumerate(self.envs)
             ]
         )
+
+    def seed_state(self, k: int) -> dict[str, Any] | None:
+        """Seed ``k``'s env snapshot and generator state (``None`` where the env cannot be
+        snapshotted), as :meth:`mappo.rollout.Collector.state_dict` saves a single run's."""
+        env = self.envs[k]
+        try:
+            return {"state": env.get_state(), "rng": env.generator.get_state()}
+        except NotImplementedError:
+            return None
+
+    def load_seed_state(self, k: int, saved: dict[str, Any]) -> None:
+        env = self.envs[k]
+        env.set_state({n: v.to(self.device) for n, v in saved["state"].items()})
+        env.generator.set_state(saved["rng"])
+
+    def reset_seed(self, k: int, seed: int) -> EnvStep:
+        """Fresh episodes for seed ``k``'s envs (an env without snapshots, on resume)."""
+        return self.envs[k].reset(seed=seed)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+class OneEnvBlocks(SeedBlocks):
+    """The envs of N seeds in one env of ``N * E`` copies whose random draws come, per block of
+    ``E`` copies, from each seed's own generator (``seed_blocks``, e.g. the particle world's):
+    one batched env step for all seeds, and block ``k`` replays exactly seed ``k``'s env."""
+
+    def __init__(self, env: BatchedEnv, seeds: list[int]) -> None:
+        super().__init__([env], seeds)
+        self.per_seed = env.num_envs // len(seeds)
+
+    def env_of(self, k: int) -> BatchedEnv:
+        return self.envs[0]
+
+    def first_step(self) -> EnvStep:
+        env = self.envs[0]
+        env.validate_actions = False
+        return env.seed_blocks(self.seeds)  # type: ignore[attr-defined]
+
+    def step(self, actions: dict[str, Tensor]) -> EnvStep:
+        return self.envs[0].step(actions)
+
+    def seed_state(self, k: int) -> dict[str, Any] | None:
+        env, rows = self.envs[0], self.rows(k)
+        state = {n: v[rows].clone() for n, v in env.get_state().items()}
+        return {"state": state, "rng": env.block_generator(k).get_state()}  # type: ignore[attr-defined]
+
+    def load_seed_state(self, k: int, saved: dict[str, Any]) -> None:
+        env, rows = self.envs[0], self.rows(k)
+        ids = torch.arange(rows.start, rows.stop, device=self.device)
+        env.set_state({n: v.to(self.device) for n, v in saved["state"].items()}, env_ids=ids)
+        env.block_generator(k).set_state(saved["rng"])  # type: ignore[attr-defined]
+
+    def reset_seed(self, k: int, seed: int) -> EnvStep:
+        raise NotImplementedError("an env with seed blocks is always snapshotted")
+
+
+def make_seed_envs(cfgs: list[TrainConfig], device: torch.device) -> SeedBlocks:
+    """The envs of the seeds ``cfgs`` (configs that differ only in ``seed``): one env split into
+    seed blocks where the env can (:class:`OneEnvBlocks`), else one env per seed."""
+    c = cfgs[0]
+    seeds = [c.seed for c in cfgs]
+    if not uses_workers(c.env.name):
+        env = make_env(
+            c.env.name,
+            num_envs=c.env.num_envs * len(cfgs),
+            device=device,
+            seed=c.seed,
+            **c.env.kwargs,
+        )
+        if hasattr(env, "seed_blocks"):
+            return OneEnvBlocks(env, seeds)
+        env.close()
+    envs: list[BatchedEnv] = []
+    try:
+        for c in cfgs:
+            envs.append(
+                make_env(
+                    c.env.name, num_envs=c.env.num_envs, device=device, seed=c.seed, **c.env.kwargs
+                )
+            )
+    except BaseException:
+        for env in envs:
+            env.close()
+        raise
+    return SeedBlocks(envs, seeds)
 
 
 # -- episode statistics per seed --------------------------------------------------------------
@@ -446,16 +548,17 @@ def seed_grad_norms(params: list[Tensor], max_norm: float | None) -> Tensor:
 class StackedPPOLearner:
     """N seeds of the MAPPO learner (:class:`~mappo.learners.ppo.PPOLearner`), stacked."""
 
-    def __init__(self, cfgs: list[TrainConfig], envs: list[BatchedEnv]) -> None:
+    def __init__(self, cfgs: list[TrainConfig], blocks: SeedBlocks) -> None:
         self.cfgs = cfgs
         self.cfg = cfg = cfgs[0]
         self.seeds = len(cfgs)
-        self.device = envs[0].device
+        self.device = blocks.device
+        spec = blocks.spec
         policies = []
         for c in cfgs:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(c.seed)
-                policies.append(ActorCritic(envs[0].spec, c.model, c.algo).to(self.device))
+                policies.append(ActorCritic(spec, c.model, c.algo).to(self.device))
         self.policies = policies
         self.recurrent = cfg.model.recurrent != "none"
         self.sample_gens = [generator(self.device, c.seed + 1) for c in cfgs]
@@ -482,22 +585,19 @@ class StackedPPOLearner:
             self.critic_params, lr=a.critic_lr, eps=a.adam_eps, weight_decay=a.weight_decay,
             fused=fused,
         )  # fmt: skip
-        firsts = []
-        for c, env in zip(cfgs, envs, strict=True):
-            firsts.append(env.reset(seed=c.seed))
-            env.validate_actions = False
-        self.blocks = SeedBlocks(envs)
-        E = self.blocks.num_envs
+        self.blocks = blocks
+        first = blocks.first_step()
+        E = blocks.num_envs
         template = policies[0]
         actor_states, critic_states = template.initial_states(E, self.device)
-        tracker = EpisodeTracker.create(E, envs[0].spec.stat_names, self.device)
-        self.block_tracker = BlockTracker(self.seeds, envs[0].spec.stat_names, tracker)
+        tracker = EpisodeTracker.create(E, spec.stat_names, self.device)
+        self.block_tracker = BlockTracker(self.seeds, spec.stat_names, tracker)
         self.collector = Collector(
             env=self.blocks,  # type: ignore[arg-type]
             policy=self.stacked,  # type: ignore[arg-type]
             rollout=allocate(template, self.blocks, cfg.rollout_length, a.bootstrap_truncation),  # type: ignore[arg-type]
             generator=self.sample_gens[0],
-            step=cat_steps(firsts),
+            step=first,
             actor_states=actor_states,
             critic_states=critic_states,
             starts=torch.ones(E, dtype=torch.bool, device=self.device),
@@ -637,14 +737,7 @@ class StackedPPOLearner:
         """What a single run of seed ``k`` would save as its learner state
         (:meth:`PPOLearner.state_dict`)."""
         rows = self.blocks.rows(k)
-        env = self.blocks.envs[k]
-        try:
-            env_state: dict[str, Any] | None = {
-                "state": env.get_state(),
-                "rng": env.generator.get_state(),
-            }
-        except NotImplementedError:
-            env_state = None
+        env_state = self.blocks.seed_state(k)
         c = self.collector
 
         def cut(tree: Any) -> Any:
@@ -705,17 +798,14 @@ class StackedPPOLearner:
         c = self.collector
         steps_: list[EnvStep] = []
         for k, state in enumerate(states):
-            env, saved_c = self.blocks.envs[k], state["collector"]
+            saved_c = state["collector"]
             rows = self.blocks.rows(k)
             if saved_c["env"] is None:
                 # An env that cannot be snapshotted starts fresh episodes (as a single run does).
-                steps_.append(env.reset(seed=self.cfgs[k].seed + iteration))
+                steps_.append(self.blocks.reset_seed(k, self.cfgs[k].seed + iteration))
                 continue
             dev = self.device
-            env.set_state({n: v.to(dev) for n, v in saved_c["env"]["state"].items()})
-            env.generator.set_state(saved_c["env"]["rng"])
-            from mappo.data import step_from_dict
-
+            self.blocks.load_seed_state(k, saved_c["env"])
             steps_.append(step_from_dict(saved_c["step"], dev))
             for name, v in saved_c["actor_states"].items():
                 c.actor_states[name][rows] = v.to(dev)

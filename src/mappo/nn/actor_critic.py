@@ -311,8 +311,9 @@ class ActorCritic(nn.Module):
         ``[1, batch, n, k, max(nvec)]``, standard normal for a box ``[1, batch, n, d]``): handed
         to :meth:`act_group` as ``noise``, they give exactly the actions of drawing inside it."""
         out: dict[str, Tensor] = {}
-        dev = next(self.parameters()).device
         for name, actor in self.actors.items():
+            # (the head's device: next(self.parameters()) walks every module, on every step)
+            dev = actor.head.weight.device
             n = self.spec.groups[name].num_agents
             if actor.continuous:
                 shape = (1, batch, n, self.spec.groups[name].action.total)

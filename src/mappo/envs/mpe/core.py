@@ -307,10 +307,65 @@ class ParticleEnv(BatchedEnv):
     # -- the contract -------------------------------------------------------------------------
     @torch.no_grad()
     def reset(self, seed: int | None = None) -> EnvStep:
+        """Reset every env; a ``seed`` reseeds the env's generator (and ends :meth:`seed_blocks`:
+        every env draws from that one generator again)."""
+        if seed is not None:
+            self._blocks = None
         self.reseed(seed)
         self._reset_envs(None)
         self._sync_phases()
         return self._first_step()
+
+    # -- many seeds in one env ----------------------------------------------------------------
+    _blocks: list[torch.Generator] | None = None
+
+    @torch.no_grad()
+    def seed_blocks(self, seeds: list[int]) -> EnvStep:
+        """Split the envs into ``len(seeds)`` equal blocks of consecutive copies, each drawing
+        its random numbers from a generator of its own, and reset block ``k`` from
+        ``seeds[k]``: block ``k`` then replays exactly what an env of ``num_envs / len(seeds)``
+        copies does after ``reset(seed=seeds[k])``, in one batched step for all blocks (the
+        seeds of a stacked run, ``num_seeds``)."""
+        if not seeds or self.num_envs % len(seeds):
+            raise EnvError(
+                f"{self.name}: {self.num_envs} envs do not split into {len(seeds)} equal blocks"
+            )
+        self._blocks = []
+        for seed in seeds:
+            g = torch.Generator(device=self.device)
+            g.manual_seed(seed)
+            self._blocks.append(g)
+        self._reset_envs(None)
+        self._sync_phases()
+        return self._first_step()
+
+    def block_generator(self, k: int) -> torch.Generator:
+        """Block ``k``'s generator (:meth:`seed_blocks`)."""
+        if self._blocks is None:
+            raise EnvError(f"{self.name}: the envs are not split into seed blocks")
+        return self._blocks[k]
+
+    def _rand(self, *lead: int) -> Tensor:
+        """Uniform ``[0, 1)`` numbers ``[*lead, E]`` (the internal env-last layout), each seed
+        block's from its own generator."""
+        if self._blocks is None:
+            return torch.rand(*lead, self.num_envs, device=self.device, generator=self.generator)
+        per = self.num_envs // len(self._blocks)
+        parts = [torch.rand(*lead, per, device=self.device, generator=g) for g in self._blocks]
+        return torch.cat(parts, -1)
+
+    def _randint(self, high: int, *lead: int) -> Tensor:
+        """Integers in ``[0, high)``, ``[*lead, E]``, as :meth:`_rand` draws."""
+        if self._blocks is None:
+            return torch.randint(
+                0, high, (*lead, self.num_envs), device=self.device, generator=self.generator
+            )
+        per = self.num_envs // len(self._blocks)
+        parts = [
+            torch.randint(0, high, (*lead, per), device=self.device, generator=g)
+            for g in self._blocks
+        ]
+        return torch.cat(parts, -1)
 
     @torch.no_grad()
     def _step(self, actions: dict[str, Tensor]) -> EnvStep:
@@ -511,17 +566,12 @@ class ParticleEnv(BatchedEnv):
             self.world.dim_c,
             self.num_envs,
         )
-        dev, gen = self.device, self.generator
+        dev = self.device
         fresh = self._sample_extras()
-        fresh["agent_pos"] = torch.rand(2, n, e, device=dev, generator=gen).mul_(2.0).sub_(1.0)
+        fresh["agent_pos"] = self._rand(2, n).mul_(2.0).sub_(1.0)
         fresh["agent_vel"] = torch.zeros(2, n, e, device=dev)
         fresh["agent_comm"] = torch.zeros(c, n, e, device=dev)
-        fresh["landmark_pos"] = (
-            torch.rand(2, m, e, device=dev, generator=gen)
-            .mul_(2.0)
-            .sub_(1.0)
-            .mul_(self.landmark_spawn_scale)
-        )
+        fresh["landmark_pos"] = self._rand(2, m).mul_(2.0).sub_(1.0).mul_(self.landmark_spawn_scale)
         fresh["step"] = torch.zeros(e, dtype=torch.int64, device=dev)
         fresh.update(self._fresh_accumulators())
         if mask is None:

@@ -118,14 +118,7 @@ class SimpleReference(ParticleEnv):
 
     def _sample_extras(self) -> dict[str, Tensor]:
         # Internal layout [2 (agent), E]: agent 0's goal drawn before agent 1's.
-        goal = torch.randint(
-            0,
-            self.world.num_landmarks,
-            (2, self.num_envs),
-            device=self.device,
-            generator=self.generator,
-        )
-        return {"goal_landmark": goal}
+        return {"goal_landmark": self._randint(self.world.num_landmarks, 2)}
 
     def _split_actions(self, actions: dict[str, Tensor]) -> tuple[Tensor | None, Tensor | None]:
         return self._move_and_message(actions["agents"], moves=True, speaks=True)

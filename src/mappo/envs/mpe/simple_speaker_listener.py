@@ -101,14 +101,7 @@ class SimpleSpeakerListener(ParticleEnv):
         return {"goal_landmark": StateField((), torch.int64, 0, self.world.num_landmarks)}
 
     def _sample_extras(self) -> dict[str, Tensor]:
-        goal = torch.randint(
-            0,
-            self.world.num_landmarks,
-            (self.num_envs,),
-            device=self.device,
-            generator=self.generator,
-        )
-        return {"goal_landmark": goal}
+        return {"goal_landmark": self._randint(self.world.num_landmarks)}
 
     def _split_actions(self, actions: dict[str, Tensor]) -> tuple[Tensor | None, Tensor | None]:
         moves, _ = self._move_and_message(actions["listener"], moves=True, speaks=False)
