@@ -16,6 +16,8 @@ for preset in mpe/simple_spread mpe/simple_spread_mappo mpe/simple_spread_fast \
     done
 done
 python "$(dirname "$0")/compiled.py" --rounds 2 --json > "$out/compiled.json"
+python "$(dirname "$0")/seeds.py" --rounds 2 --json > "$out/seeds.json"
+python "$(dirname "$0")/seeds.py" --presets mpe/simple_spread --seeds 1 4 --rounds 1 --iterations 3 --json > "$out/seeds_paper.json"
 python "$(dirname "$0")/adapter_overhead.py" --json > "$out/adapter_overhead.json"
 python "$(dirname "$0")/sweep_overhead.py" --steps 450000 > "$out/sweep_overhead.json"
 python "$(dirname "$0")/vmas_throughput.py" --scenario navigation balance --json \
