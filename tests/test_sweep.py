@@ -112,6 +112,7 @@ def test_spec_expands_the_grid_and_checks_every_trial(tmp_path):
         ("presets: [mpe/simple_sprd]\n", "did you mean"),
         ("presets: [TINY]\ngrid: {seed: [1, 2]}\n", "seeds:"),
         ("presets: [TINY]\nresources: {cpus: 1, gpus: 1}\n", "device: cuda"),
+        ("presets: [TINY]\noverrides: {num_seeds: 2}\n", "under 'seeds'"),
         ("presets: [TINY]\nresources: {cpu: 1}\n", "unknown resource 'cpu'"),
         ("presets: [TINY\n", "not valid YAML"),
         ("presets: [TINY, TINY]\n", "would share the folder 'tiny/default/seed1'"),

@@ -206,6 +206,11 @@ def _expand(spec: SweepSpec, root: Path, path: Path) -> list[Trial]:
                     cfg = config_mod.load(preset, overrides)
                 except config_mod.ConfigError as err:
                     raise SweepError(f"trial {trial_id} of '{path}': {err}") from None
+                if cfg.num_seeds > 1:
+                    raise SweepError(
+                        f"trial {trial_id} of '{path}' sets num_seeds={cfg.num_seeds}, but a "
+                        "sweep trial is one run; list the seeds under 'seeds' instead"
+                    )
                 if spec.gpus > 0 and not cfg.device.startswith("cuda"):
                     raise SweepError(
                         f"'resources.gpus' reserves GPUs but trial {trial_id} trains on "
