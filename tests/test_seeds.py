@@ -187,6 +187,9 @@ def test_seed_runs_have_their_own_directories_and_resume_alone_or_together(tmp_p
         assert _max_diff(got, straight[k].policy.state_dict()) < PARAM_TOL
         assert together[k].summary["env_steps"] == four
     assert _max_diff(single.policy.state_dict(), together[1].policy.state_dict()) < PARAM_TOL
+    # a returned seed's networks hold their own storage, not views of all seeds' tensors
+    for t in together[0].policy.state_dict().values():
+        assert t.untyped_storage().nbytes() == t.numel() * t.element_size()
     rows = (dirs[0] / "metrics.csv").read_text().strip().splitlines()
     assert len(rows) == 5  # the resumed seed appends to its own metrics
 
@@ -283,3 +286,28 @@ def test_a_signal_stops_every_seed_with_a_checkpoint_and_one_command_resumes_the
     )
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stdout.count("result:") == 2 and "trained together" in resumed.stdout
+
+
+def test_one_diverging_seed_stops_all_before_any_saves_that_iteration(tmp_path, monkeypatch):
+    from mappo.trainer import TrainingDiverged
+
+    original = StackedPPOLearner.iterate
+    calls = []
+
+    def iterate(self, iteration, env_steps):
+        results = original(self, iteration, env_steps)
+        calls.append(iteration)
+        if len(calls) == 2:
+            results[1]["agents/policy_loss"] = float("nan")
+        return results
+
+    monkeypatch.setattr(StackedPPOLearner, "iterate", iterate)
+    cfg = _cfg("mpe/simple_spread_jaxmarl_ff")
+    over = {**SMALL, "num_seeds": 2, "checkpoint_interval": 1, "eval_episodes": 2,
+            "total_env_steps": _steps(cfg, 4), "run_dir": str(tmp_path)}  # fmt: skip
+    with pytest.raises(TrainingDiverged, match="^seed 2: training diverged in update 2"):
+        train_seeds("mpe/simple_spread_jaxmarl_ff", over)
+    runs = sorted(tmp_path.glob("*/*/*/*"))
+    assert len(runs) == 2
+    for run in runs:  # both seeds keep their iteration-1 checkpoint, and nothing after it
+        assert [p.name for p in sorted((run / "checkpoints").glob("*.pt"))] == ["iter_00000001.pt"]

@@ -108,14 +108,20 @@ class Trainer:
         checkpoint: dict[str, Any] | None = None,
         env: BatchedEnv | None = None,
         learner: Learner | None = None,
+        governor: bool = True,
     ) -> None:
         """``env`` and ``learner`` given together: a run whose learner was built elsewhere (one
-        seed of a stacked run, :func:`train_seeds`); otherwise both are made from ``cfg``."""
+        seed of a stacked run, :func:`train_seeds`); otherwise both are made from ``cfg``.
+        ``governor=False`` leaves the process's thread count to another run (the first seed's)."""
+        if (env is None) != (learner is None):
+            raise ValueError("give both env and learner, or neither")
         self.cfg = cfg
         self.governor: ThreadGovernor | None = None
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        elif config_mod.check_device(cfg.device).type == "cpu" and not _THREADS_FROM_ENV:
+        elif (
+            governor and config_mod.check_device(cfg.device).type == "cpu" and not _THREADS_FROM_ENV
+        ):
             self.governor = ThreadGovernor()
         device = config_mod.check_device(cfg.device)
         if env is None:
@@ -147,6 +153,8 @@ class Trainer:
         self.eval_count = 0
         self.last_eval: dict[str, float] = {}
         self.last_train: dict[str, float] = {}
+        self.error_prefix = ""
+        """Names the run in errors where several train together (``seed 3: ``)."""
         self.stop_signal: int | None = None
         """Set (by a signal handler) to stop after the current iteration with a checkpoint."""
         self.last_checkpoint: Path | None = None
@@ -167,7 +175,10 @@ class Trainer:
     # -- one iteration ------------------------------------------------------------------------
     def iterate(self) -> dict[str, float]:
         """One iteration of the learner (collect, then update); returns timings and losses."""
-        result = self.learner.iterate(self.iteration, self.env_steps)
+        return self.count(self.learner.iterate(self.iteration, self.env_steps))
+
+    def count(self, result: dict[str, float]) -> dict[str, float]:
+        """Advance the counters by an iteration's ``result`` (whose ``env_steps`` it takes)."""
         self.iteration += 1
         self.env_steps += int(result.pop("env_steps"))
         return result
@@ -228,7 +239,8 @@ class Trainer:
             else "no checkpoint was written before it"
         )
         raise TrainingDiverged(
-            f"training diverged in update {self.iteration} (env step {self.env_steps:,}): "
+            f"{self.error_prefix}training diverged in update {self.iteration} "
+            f"(env step {self.env_steps:,}): "
             f"{what}; {kept}. Lower the learning rates (or set max_grad_norm) and resume or "
             "start again"
         )
@@ -255,7 +267,8 @@ class Trainer:
         self.begin()
         while not self.done:
             result = self.iterate()
-            if self.after_iteration(result, logger, progress):
+            self.check_finite(result)
+            if self.after_iteration(result, logger, progress, self.stop_signal is not None):
                 self.raise_interrupted()
         return self.finish()
 
@@ -274,14 +287,16 @@ class Trainer:
         result: dict[str, float],
         logger: MetricsLogger | None = None,
         progress: ProgressBar | None = None,
+        stopping: bool = False,
     ) -> bool:
-        """Everything after an iteration's update: the finiteness check, logging, evaluation
-        and checkpoints. Returns whether the run must stop now on a signal (its checkpoint is
-        saved; the caller raises :meth:`raise_interrupted`)."""
+        """Everything after an iteration's update (whose ``result`` passed
+        :meth:`check_finite`): logging, evaluation and checkpoints. ``stopping``: a signal asked
+        to stop (read once per iteration by the caller, so that every seed of a stacked run
+        decides alike). Returns whether the run stops now (its checkpoint is saved; the caller
+        raises :meth:`raise_interrupted`)."""
         cfg = self.cfg
         for k in self._timings:
             self._timings[k] += result.pop(k)
-        self.check_finite(result)
         if self.governor is not None:
             self.governor.update()
         last = self.done
@@ -311,7 +326,6 @@ class Trainer:
                 progress.update(
                     self.env_steps, sps, self.last_train.get("episode_return"), final=last
                 )
-        stopping = self.stop_signal is not None
         due = last or stopping or self.iteration % cfg.checkpoint_interval == 0
         if self.run_dir is not None and due:
             # A stop on a signal saves like a periodic checkpoint (without a replay buffer the
@@ -391,14 +405,7 @@ def train(
     ``cfg`` is a :class:`TrainConfig`, a preset name or a YAML path; ``overrides`` are
     ``KEY=VALUE`` strings or a dict of keys to values. Returns the :class:`Run`.
     """
-    if isinstance(cfg, str):
-        cfg = config_mod.load(cfg, overrides)
-    elif overrides:
-        cfg = config_mod.apply(
-            cfg, config_mod.parse_overrides(overrides) if isinstance(overrides, list) else overrides
-        )
-    else:
-        config_mod.check(cfg)
+    cfg = _load(cfg, overrides)
     if cfg.num_seeds > 1:
         raise config_mod.ConfigError(
             f"num_seeds={cfg.num_seeds} trains several runs; call mappo.train_seeds (which "
@@ -417,6 +424,7 @@ def train(
 
 
 def _load(cfg: TrainConfig | str, overrides: list[str] | dict[str, Any] | None) -> TrainConfig:
+    """A preset name, YAML path or config with ``overrides`` applied, checked."""
     if isinstance(cfg, str):
         return config_mod.load(cfg, overrides)
     if overrides:
@@ -449,7 +457,7 @@ def _run_stacked(
 ) -> list[Run]:
     """Build the stacked learner of ``cfgs`` (restored from ``checkpoints``, ``(run dir, newest
     checkpoint, its contents)`` per seed, when resuming) and train it to the end."""
-    from mappo.learners.seeds import SeedSlot, StackedPPOLearner, make_seed_envs
+    from mappo.learners.seeds import SeedSlot, StackedPPOLearner, make_seed_envs, release
 
     cfg = cfgs[0]
     device = config_mod.check_device(cfg.device)
@@ -467,9 +475,10 @@ def _run_stacked(
     try:
         stack = StackedPPOLearner(cfgs, blocks)
         for k, c in enumerate(cfgs):
-            trainers.append(Trainer(c, env=blocks.env_of(k), learner=SeedSlot(stack, k)))
-            if k:
-                trainers[k].governor = None  # one governor sets the process's threads
+            trainers.append(
+                Trainer(c, env=blocks.env_of(k), learner=SeedSlot(stack, k), governor=k == 0)
+            )
+            trainers[k].error_prefix = f"seed {c.seed}: "
         if checkpoints is None:
             for t in trainers:
                 t.run_dir = new_run_dir(t.cfg)
@@ -492,7 +501,10 @@ def _run_stacked(
         return stack.iterate(trainers[0].iteration, trainers[0].env_steps)
 
     resume_steps = [None] * n if checkpoints is None else [t.env_steps for t in trainers]
-    return _run(trainers, iterate_all, resume_steps, locked=checkpoints is not None)
+    try:
+        return _run(trainers, iterate_all, resume_steps, locked=checkpoints is not None)
+    finally:
+        release(stack.policies)
 
 
 def resume(run_dir: str | Path, overrides: list[str] | dict[str, Any] | None = None) -> Run:
@@ -564,6 +576,7 @@ def resume_seeds(
 
 
 def _existing(path: Path) -> Path:
+    """``path``, or a one-line error if it is not a directory."""
     if not path.is_dir():
         raise CheckpointError(f"run directory '{path}' does not exist")
     return path
@@ -723,12 +736,16 @@ def _run(
                 for t in trainers:
                     t.begin()
                 while not trainers[0].done:
+                    results = [t.count(r) for t, r in zip(trainers, iterate_all(), strict=True)]
+                    # Every seed is checked before any logs or saves, and a signal is read
+                    # once: the seeds' newest checkpoints stay at one iteration.
+                    for t, result in zip(trainers, results, strict=True):
+                        t.check_finite(result)
+                    signalled = trainers[0].stop_signal is not None
                     stopping = False
-                    for k, (t, result) in enumerate(zip(trainers, iterate_all(), strict=True)):
-                        t.iteration += 1
-                        t.env_steps += int(result.pop("env_steps"))
+                    for k, (t, result) in enumerate(zip(trainers, results, strict=True)):
                         shown = progress if k == 0 else None
-                        stopping = t.after_iteration(result, loggers[k], shown) or stopping
+                        stopping = t.after_iteration(result, loggers[k], shown, signalled)
                     if stopping:
                         trainers[0].raise_interrupted([t.run_dir for t in trainers[1:]])  # type: ignore[misc]
                 summaries = [t.finish() for t in trainers]

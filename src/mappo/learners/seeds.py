@@ -34,13 +34,13 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from mappo.algos.mappo import GroupSamples, Samples, loss_terms, make_samples
+from mappo.acting import Acted
+from mappo.algos.mappo import GroupSamples, Optimizers, Samples, loss_terms, make_samples
 from mappo.compiled import MAX_COMPILED_CHUNK, compile_seconds, wanted
-from mappo.config import TrainConfig
+from mappo.config import ConfigError, TrainConfig
 from mappo.data import EnvStep, GroupBuffer, LazyGroups, Rollout, step_from_dict, step_to_dict
 from mappo.envs.base import BatchedEnv
 from mappo.envs.registry import make as make_env
-from mappo.envs.registry import uses_workers
 from mappo.learners.ppo import generator
 from mappo.nn.actor_critic import ActorCritic
 from mappo.rollout import Collector, EpisodeTracker, allocate, policy_step
@@ -117,6 +117,7 @@ class SeedBlocks:
             return None
 
     def load_seed_state(self, k: int, saved: dict[str, Any]) -> None:
+        """Put seed ``k``'s envs back into a :meth:`seed_state`."""
         env = self.envs[k]
         env.set_state({n: v.to(self.device) for n, v in saved["state"].items()})
         env.generator.set_state(saved["rng"])
@@ -126,6 +127,7 @@ class SeedBlocks:
         return self.envs[k].reset(seed=seed)
 
     def close(self) -> None:
+        """Release the envs' resources (worker processes of adapted envs)."""
         for env in self.envs:
             env.close()
 
@@ -168,32 +170,30 @@ class OneEnvBlocks(SeedBlocks):
 def make_seed_envs(cfgs: list[TrainConfig], device: torch.device) -> SeedBlocks:
     """The envs of the seeds ``cfgs`` (configs that differ only in ``seed``): one env split into
     seed blocks where the env can (:class:`OneEnvBlocks`), else one env per seed."""
-    c = cfgs[0]
-    seeds = [c.seed for c in cfgs]
-    if not uses_workers(c.env.name):
-        env = make_env(
-            c.env.name,
-            num_envs=c.env.num_envs * len(cfgs),
-            device=device,
-            seed=c.seed,
-            **c.env.kwargs,
-        )
-        if hasattr(env, "seed_blocks"):
-            return OneEnvBlocks(env, seeds)
-        env.close()
     envs: list[BatchedEnv] = []
     try:
         for c in cfgs:
-            envs.append(
-                make_env(
-                    c.env.name, num_envs=c.env.num_envs, device=device, seed=c.seed, **c.env.kwargs
-                )
+            env = make_env(
+                c.env.name, num_envs=c.env.num_envs, device=device, seed=c.seed, **c.env.kwargs
             )
+            envs.append(env)
+            if hasattr(env, "seed_blocks"):
+                # (the first seed's env told that its kind splits; one env for all seeds)
+                env.close()
+                envs.clear()
+                one = make_env(
+                    c.env.name,
+                    num_envs=c.env.num_envs * len(cfgs),
+                    device=device,
+                    seed=c.seed,
+                    **c.env.kwargs,
+                )
+                return OneEnvBlocks(one, [c.seed for c in cfgs])
     except BaseException:
         for env in envs:
             env.close()
         raise
-    return SeedBlocks(envs, seeds)
+    return SeedBlocks(envs, [c.seed for c in cfgs])
 
 
 # -- episode statistics per seed --------------------------------------------------------------
@@ -340,6 +340,7 @@ def _policy_step(
 def _critic(
     policy: ActorCritic, name: str, x: Tensor, state: Tensor, starts: Tensor
 ) -> tuple[Tensor, Tensor]:
+    """Group ``name``'s critic on ``x [L, E, C, in]``: normalised values and the final state."""
     return policy.critics[name](x, state, starts)
 
 
@@ -437,8 +438,6 @@ class StackedPolicy:
         noise: dict[str, Tensor],
     ) -> tuple[Any, dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
         """The collector's step function (:func:`mappo.rollout.policy_step`) for all seeds."""
-        from mappo.acting import Acted
-
         N = self.seeds
 
         def split(x: Tensor, dim: int = 0) -> Tensor:
@@ -576,14 +575,18 @@ class StackedPPOLearner:
             )
             for g in policies[0].actors
         }
+        # One Adam over the stacked parameters is N Adams (it is elementwise), in the parameter
+        # order of a single run's (checkpoints index the moments by it).
         fused = True if self.device.type in ("cpu", "cuda") else None
-        self.actor_optim = torch.optim.Adam(
-            self.actor_params, lr=a.actor_lr, eps=a.adam_eps, weight_decay=a.weight_decay,
-            fused=fused,
-        )  # fmt: skip
-        self.critic_optim = torch.optim.Adam(
-            self.critic_params, lr=a.critic_lr, eps=a.adam_eps, weight_decay=a.weight_decay,
-            fused=fused,
+        self.optim = Optimizers(
+            torch.optim.Adam(
+                self.actor_params, lr=a.actor_lr, eps=a.adam_eps, weight_decay=a.weight_decay,
+                fused=fused,
+            ),
+            torch.optim.Adam(
+                self.critic_params, lr=a.critic_lr, eps=a.adam_eps, weight_decay=a.weight_decay,
+                fused=fused,
+            ),
         )  # fmt: skip
         self.blocks = blocks
         first = blocks.first_step()
@@ -634,18 +637,12 @@ class StackedPPOLearner:
             self._loss_fns[padded] = fn
         return self._loss_fns[padded]
 
-    def set_lr_fraction(self, fraction: float) -> None:
-        a = self.cfg.algo
-        for opt, lr in ((self.actor_optim, a.actor_lr), (self.critic_optim, a.critic_lr)):
-            for group in opt.param_groups:
-                group["lr"] = lr * fraction
-
     def iterate(self, iteration: int, env_steps: int) -> list[dict[str, float]]:
         """Collect one rollout of every seed and update every seed once; returns each seed's
         result as :meth:`PPOLearner.iterate` does (the timings are the shared call's)."""
         cfg = self.cfg
         if cfg.algo.lr_decay:
-            self.set_lr_fraction(1.0 - iteration / cfg.num_updates)
+            self.optim.set_lr_fraction(1.0 - iteration / cfg.num_updates, cfg.algo)
         t0 = time.perf_counter()
         for p in self.policies:
             p.eval()
@@ -703,14 +700,14 @@ class StackedPPOLearner:
                         "valid": batch.valid,
                     },
                 )
-                self.actor_optim.zero_grad(set_to_none=True)
-                self.critic_optim.zero_grad(set_to_none=True)
+                self.optim.actor.zero_grad(set_to_none=True)
+                self.optim.critic.zero_grad(set_to_none=True)
                 (terms["actor_loss"] + terms["critic_loss"]).sum().backward()
                 for g, (actor, critic) in self.group_params.items():
                     terms[f"{g}/actor_grad_norm"] = seed_grad_norms(actor, a.max_grad_norm)
                     terms[f"{g}/critic_grad_norm"] = seed_grad_norms(critic, a.max_grad_norm)
-                self.actor_optim.step()
-                self.critic_optim.step()
+                self.optim.actor.step()
+                self.optim.critic.step()
                 for k, v in terms.items():
                     sums[k] = sums.get(k, 0.0) + v.detach()
                 batches += 1
@@ -719,9 +716,10 @@ class StackedPPOLearner:
         return [dict(zip(keys, row, strict=True)) for row in table]
 
     def schedule_metrics(self) -> dict[str, float]:
+        """Learning rates now (the same for every seed)."""
         return {
-            "actor_lr": self.actor_optim.param_groups[0]["lr"],
-            "critic_lr": self.critic_optim.param_groups[0]["lr"],
+            "actor_lr": self.optim.actor.param_groups[0]["lr"],
+            "critic_lr": self.optim.critic.param_groups[0]["lr"],
         }
 
     # -- a seed's state, in a single run's format ---------------------------------------------
@@ -746,8 +744,8 @@ class StackedPPOLearner:
         return {
             "policy": {n: v.clone() for n, v in self.policies[k].state_dict().items()},
             "optim": {
-                "actor": self._optim_state(self.actor_optim, k),
-                "critic": self._optim_state(self.critic_optim, k),
+                "actor": self._optim_state(self.optim.actor, k),
+                "critic": self._optim_state(self.optim.critic, k),
             },
             "rng": {
                 "sample": self.sample_gens[k].get_state(),
@@ -764,6 +762,7 @@ class StackedPPOLearner:
         }
 
     def seed_tracker(self, k: int) -> EpisodeTracker:
+        """Seed ``k``'s episode statistics, as a single run's tracker."""
         return self.block_tracker.seed(k, self.blocks.rows(k))
 
     def load_seed_states(self, states: list[dict[str, Any]], iteration: int) -> None:
@@ -773,12 +772,13 @@ class StackedPPOLearner:
                 self.policies[k].load_state_dict(state["policy"])  # copies into the stacked
                 self.sample_gens[k].set_state(state["rng"]["sample"])
                 self.shuffle_gens[k].set_state(state["rng"]["shuffle"])
-        for opt, key in ((self.actor_optim, "actor"), (self.critic_optim, "critic")):
+        for opt, key in ((self.optim.actor, "actor"), (self.optim.critic, "critic")):
             saved = [s["optim"][key] for s in states]
-            steps = {float(s["state"][0]["step"]) for s in saved if 0 in s["state"]}
+            steps = {float(s["state"][0]["step"]) if 0 in s["state"] else 0.0 for s in saved}
             if len(steps) > 1:
-                raise ValueError(
-                    f"the seeds' optimisers have taken different numbers of steps {sorted(steps)}"
+                raise ConfigError(
+                    f"the seeds' optimisers have taken different numbers of steps "
+                    f"{sorted(steps)}; resume them separately"
                 )
             stacked: dict[int, dict[str, Tensor]] = {}
             for i in saved[0]["state"]:
@@ -814,6 +814,16 @@ class StackedPPOLearner:
             c.starts[rows] = saved_c["starts"].to(dev)
             self.seed_tracker(k).load_state_dict(saved_c["tracker"])
         c.step = cat_steps(steps_)
+
+
+def release(policies: list[nn.Module]) -> None:
+    """Give each seed's parameters and buffers storage of their own (after training): a view of
+    the stacked tensors would save every seed's values with one seed's, and stop following the
+    stack silently after ``.to()``."""
+    with torch.no_grad():
+        for policy in policies:
+            for t in [*policy.parameters(), *policy.buffers()]:
+                t.data = t.data.clone()
 
 
 class SeedSlot:
