@@ -15,9 +15,13 @@ clipping, ValueNorm/PopArt and advantage normalisation are per seed. A seed's ch
 format of a single run's: ``mappo train --resume`` continues one seed alone, and
 ``mappo train --resume DIR DIR ...`` continues several together.
 
-The envs are stepped one seed after another (an env's random draws must come from its own seed's
-generator for the runs to be exact); the networks, the sampling, the returns and the update are
-shared calls. Only the PPO family (mappo, ippo and their recurrent forms) trains this way.
+Envs that can split their random draws by seed (the particle world's ``seed_blocks``) step all
+seeds in one call; others are stepped one seed after another, since an env's draws must come
+from its own seed's generator for the runs to be exact. The networks, the sampling and the
+update are shared calls; the returns and the ValueNorm/PopArt statistics are computed per seed.
+With ``compile=on`` the vmapped step and loss are compiled (``torch.compile``, one graph each;
+not yet replayed as CUDA graphs). Only the PPO family (mappo, ippo and their recurrent forms)
+trains this way.
 
 Shapes: ``N`` seeds, ``E`` envs per seed; the collector sees ``N * E`` envs, seed ``k`` owning
 rows ``k * E`` to ``(k + 1) * E - 1``.
@@ -36,7 +40,7 @@ from torch.func import functional_call, vmap
 
 from mappo.acting import Acted
 from mappo.algos.mappo import GroupSamples, Optimizers, Samples, loss_terms, make_samples
-from mappo.compiled import MAX_COMPILED_CHUNK, compile_seconds, wanted
+from mappo.compiled import MAX_COMPILED_CHUNK, compile_fn, compile_seconds, wanted
 from mappo.config import ConfigError, TrainConfig
 from mappo.data import EnvStep, GroupBuffer, LazyGroups, Rollout, step_from_dict, step_to_dict
 from mappo.envs.base import BatchedEnv
@@ -413,8 +417,8 @@ class StackedPolicy:
             call(_critic), in_dims=(0, 0, None, 1, 0, 1), out_dims=(1, 0), randomness="error"
         )
         if compiled:
-            step = torch.compile(step, fullgraph=True, dynamic=False)
-            critic = torch.compile(critic, fullgraph=True, dynamic=False)
+            # (without CUDA graphs: replaying vmapped graphs on a GPU is not tested yet)
+            step, critic = compile_fn(step), compile_fn(critic)
         self._step, self.critic_fn = step, critic
         self.critics = {name: _SeedCritic(self, name) for name in self.template.critics}
 
@@ -633,7 +637,7 @@ class StackedPPOLearner:
 
             fn = vmap(run, randomness="error")
             if self._compile_loss:
-                fn = torch.compile(fn, fullgraph=True, dynamic=False)
+                fn = compile_fn(fn)
             self._loss_fns[padded] = fn
         return self._loss_fns[padded]
 
