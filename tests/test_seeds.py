@@ -311,3 +311,27 @@ def test_one_diverging_seed_stops_all_before_any_saves_that_iteration(tmp_path, 
     assert len(runs) == 2
     for run in runs:  # both seeds keep their iteration-1 checkpoint, and nothing after it
         assert [p.name for p in sorted((run / "checkpoints").glob("*.pt"))] == ["iter_00000001.pt"]
+
+
+def test_seeds_of_an_env_in_worker_processes_match_and_resume(tmp_path):
+    """PettingZoo's Spread through the adapter: envs stepped one seed after another, and an env
+    that cannot be snapshotted, which starts fresh episodes on resume as a single run does."""
+    preset = "pettingzoo/simple_spread"
+    base = {**SMALL, "env.num_envs": 2, "rollout_length": 25, "eval_episodes": 2,
+            "checkpoint_interval": 1, "algo.lr_decay": False}  # fmt: skip
+    cfg = _cfg(preset, **base)
+    one, two = _steps(cfg, 1), _steps(cfg, 2)
+    first = train_seeds(
+        preset, {**base, "num_seeds": 2, "total_env_steps": one, "run_dir": str(tmp_path / "a")}
+    )
+    singles = [
+        train(preset, {**base, "seed": s, "total_env_steps": one, "run_dir": str(tmp_path / "s")})
+        for s in (1, 2)
+    ]
+    for run, single in zip(first, singles, strict=True):
+        assert _max_diff(run.policy.state_dict(), single.policy.state_dict()) < PARAM_TOL
+    alone = tmp_path / "alone"
+    shutil.copytree(first[0].dir, alone)
+    together = resume_seeds([r.dir for r in first], {"total_env_steps": two})
+    single = resume(alone, {"total_env_steps": two})
+    assert _max_diff(together[0].policy.state_dict(), single.policy.state_dict()) < PARAM_TOL
