@@ -260,24 +260,14 @@ class Trainer:
         self.last_eval = result
         return result
 
-    def run(
-        self, logger: MetricsLogger | None = None, progress: ProgressBar | None = None
-    ) -> dict[str, Any]:
-        """Train until ``total_env_steps``; returns the summary."""
-        self.begin()
-        while not self.done:
-            result = self.iterate()
-            self.check_finite(result)
-            if self.after_iteration(result, logger, progress, self.stop_signal is not None):
-                self.raise_interrupted()
-        return self.finish()
-
     @property
     def done(self) -> bool:
+        """Whether the run reached ``total_env_steps``."""
         return self.env_steps >= self.cfg.total_env_steps
 
     def begin(self) -> None:
-        """Start the clocks of :meth:`after_iteration` and :meth:`finish`."""
+        """Start the clocks of :meth:`after_iteration` and :meth:`finish` (the loop that calls
+        them, for one run or the seeds of a stacked run, is :func:`_run`)."""
         self._start = time.perf_counter() - self.wall_offset
         self._steps_at_start, self._time_at_start = self.env_steps, time.perf_counter()
         self._timings = {"rollout_seconds": 0.0, "update_seconds": 0.0}
@@ -342,7 +332,7 @@ class Trainer:
         )
 
     def finish(self) -> dict[str, Any]:
-        """The summary at the end of :meth:`run`."""
+        """The summary at the end of training."""
         wall = time.perf_counter() - self._start
         elapsed = max(time.perf_counter() - self._time_at_start, 1e-9)
         return self.summary(wall, (self.env_steps - self._steps_at_start) / elapsed)
