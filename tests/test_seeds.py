@@ -1,10 +1,13 @@
 """Many seeds in one process (``num_seeds``, :mod:`mappo.learners.seeds`): seed k of a stacked
 run learns what a single run of seed k learns, keeps a single run's checkpoints, and resumes
-alone or together."""
+alone or together.
+
+The equality tests run on the CPU; ``MAPPO_TEST_DEVICE=cuda`` runs them on a GPU."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import signal
 import subprocess
@@ -24,7 +27,14 @@ from mappo.trainer import Trainer, resume, resume_seeds, train, train_seeds
 
 # Rounding of batched against plain matrix multiplies, after a few updates (measured: <= 1e-6).
 PARAM_TOL = 2e-5
-SMALL = {"env.num_envs": 4, "rollout_length": 16, "threads": 1, "progress": False}
+DEVICE = os.environ.get("MAPPO_TEST_DEVICE", "cpu")
+SMALL = {
+    "env.num_envs": 4,
+    "rollout_length": 16,
+    "threads": 1,
+    "progress": False,
+    "device": DEVICE,
+}
 
 
 def _cfg(preset: str, **overrides) -> config_mod.TrainConfig:
@@ -62,7 +72,7 @@ def test_each_seed_learns_what_its_single_run_learns(case):
     preset, overrides = CASES[case]
     cfg = _cfg(preset, **overrides)
     cfgs = [dataclasses.replace(cfg, seed=s) for s in (3, 4, 7)]
-    blocks = make_seed_envs(cfgs, torch.device("cpu"))
+    blocks = make_seed_envs(cfgs, torch.device(DEVICE))
     stacked = StackedPPOLearner(cfgs, blocks)
     singles = [Trainer(c) for c in cfgs]
     try:
@@ -124,9 +134,9 @@ def test_a_particle_world_split_into_seed_blocks_replays_each_seed(name):
         ]
     # an env of other kinds is stepped one seed after another
     cfgs = [_cfg("smac/3m", seed=s) for s in (1, 2)]
-    assert not isinstance(make_seed_envs(cfgs, torch.device("cpu")), OneEnvBlocks)
+    assert not isinstance(make_seed_envs(cfgs, torch.device(DEVICE)), OneEnvBlocks)
     cfgs = [_cfg("mpe/simple_spread", seed=s) for s in (1, 2)]
-    assert isinstance(make_seed_envs(cfgs, torch.device("cpu")), OneEnvBlocks)
+    assert isinstance(make_seed_envs(cfgs, torch.device(DEVICE)), OneEnvBlocks)
 
 
 def test_per_seed_gradient_clipping_matches_torch():
@@ -225,7 +235,7 @@ def test_compiled_stacked_updates_equal_eager():
     out = []
     for setting in ("off", "on"):
         cfgs = [dataclasses.replace(cfg, seed=s, compile=setting) for s in (1, 2)]
-        stacked = StackedPPOLearner(cfgs, make_seed_envs(cfgs, torch.device("cpu")))
+        stacked = StackedPPOLearner(cfgs, make_seed_envs(cfgs, torch.device(DEVICE)))
         for it in range(2):
             stacked.iterate(it, 0)
         out.append([p.state_dict() for p in stacked.policies])
