@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from mappo import config as C
@@ -281,21 +282,27 @@ def test_a_sweep_spreads_trials_across_two_ray_nodes(tmp_path, two_node_cluster,
     assert len({t["node"] for t in status["trials"]}) == 2
 
 
-def test_ctrl_c_stops_a_ray_sweep_with_checkpoints_and_a_rerun_resumes(tmp_path):
+def _ctrl_c_a_ray_sweep(tmp_path: Path, seeds: str) -> tuple[Path, S.SweepSpec, dict]:
+    """Start a Ray sweep of the tiny preset (``seeds`` adds its seed lines), press Ctrl-C once
+    its last trial checkpointed, check the exit and message; returns the spec file, the spec and
+    the sweep's ``sweep.json``."""
     pytest.importorskip("ray")
     spec_path, spec, proc = _start_sweep(
         tmp_path,
-        "seeds: [1]\n"
-        "overrides: {total_env_steps: 16000, checkpoint_interval: 20, eval_interval: 50}\n",
+        seeds + "overrides: {total_env_steps: 16000, checkpoint_interval: 20, eval_interval: 50}\n",
         "ray",
     )
-    sweep_dir = tmp_path / "sw"
-    _wait_for_checkpoint(proc, Path(spec.trials[0].dir))
+    _wait_for_checkpoint(proc, Path(spec.trials[-1].dir))
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "run `mappo sweep" in err and "again to continue" in err
-    status = json.loads((sweep_dir / "sweep.json").read_text())
+    return spec_path, spec, json.loads((tmp_path / "sw" / "sweep.json").read_text())
+
+
+def test_ctrl_c_stops_a_ray_sweep_with_checkpoints_and_a_rerun_resumes(tmp_path):
+    spec_path, spec, status = _ctrl_c_a_ray_sweep(tmp_path, "seeds: [1]\n")
+    sweep_dir = tmp_path / "sw"
     assert status["trials"][0]["status"] == "interrupted"
     assert S.trial_state(spec.trials[0]) == "partial"  # it checkpointed on the way out
     assert main(["sweep", str(spec_path), "--dir", str(sweep_dir), "--backend", "serial"]) == 0
@@ -408,3 +415,101 @@ def test_status_table_shows_steps_returns_and_evaluations(tmp_path):
     assert "-170.25" in lines[1] and "-150.12" in lines[1]
     assert "tiny/default/seed2  pending" in lines[2]
     assert "\x1b[3F" in out.getvalue()  # the second refresh redraws the 3 lines in place
+
+
+def _numbers(rows: list[dict[str, str]]) -> list[list[float]]:
+    return [[float(v) for k, v in sorted(r.items()) if v not in ("", None)] for r in rows]
+
+
+@pytest.fixture
+def stacked_calls(monkeypatch) -> list[tuple[list[int], bool]]:
+    """Each stacked run this process starts, as (its seeds, whether it resumed)."""
+    import mappo.trainer as T
+
+    calls: list[tuple[list[int], bool]] = []
+    real = T._run_stacked
+
+    def counting(cfgs, checkpoints, run_dirs=None):
+        calls.append(([c.seed for c in cfgs], checkpoints is not None))
+        return real(cfgs, checkpoints, run_dirs)
+
+    monkeypatch.setattr(T, "_run_stacked", counting)
+    return calls
+
+
+def test_stack_seeds_trains_each_configurations_seeds_in_one_process(
+    tmp_path, stacked_calls, capsys
+):
+    """With stack_seeds, the new seeds of each preset and grid point train together (one
+    stacked run per configuration, any seeds), a finished trial is skipped, and every trial
+    still gets its own ordinary folder, learning what its single run learns."""
+    calls = stacked_calls
+    sweep_dir = tmp_path / "sw"
+    before = _write_spec(tmp_path, "presets: [TINY]\nseeds: [2]\ngrid: {algo.clip: [0.1]}\n")
+    assert main(["sweep", str(before), "--dir", str(sweep_dir), "--backend", "serial"]) == 0
+    assert calls == []  # unstacked: an ordinary run
+    body = "presets: [TINY]\nseeds: [1, 2, 3]\ngrid: {algo.clip: [0.1, 0.3]}\nstack_seeds: true\n"
+    spec_path = _write_spec(tmp_path, body)
+    argv = ["sweep", str(spec_path), "--dir", str(sweep_dir), "--backend", "serial"]
+    capsys.readouterr()
+    assert main([*argv, "--dry-run"]) == 0
+    listing = capsys.readouterr().out
+    assert listing.count("together in one process (3 seeds):") == 2
+    assert "  tiny/algo.clip=0.3/seed2  " in listing
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "6 trials, 1 finished before, 5 to run on serial (2 processes, seeds stacked)" in out
+    assert calls == [([1, 3], False), ([1, 2, 3], False)]
+    spec = S.load_spec(str(spec_path), sweep_dir)
+    assert [s["env_steps"] for s in _summaries(spec)] == [200] * 6
+    for t in spec.trials:
+        saved = yaml.safe_load((Path(t.dir) / "config.yaml").read_text())
+        assert saved["seed"] == t.overrides["seed"] and saved["num_seeds"] == 1
+    status = json.loads((sweep_dir / "sweep.json").read_text())
+    assert [t["status"] for t in status["trials"]] == ["done", "skipped"] + ["done"] * 4
+    # A stacked trial learned what its single run learns (to float rounding: batched matmuls).
+    single = train(C.load(spec.trials[5].preset, spec.trials[5].overrides), run_dir=tmp_path / "u")
+    got, want = _numbers(_learned(Path(spec.trials[5].dir))), _numbers(_learned(single.dir))
+    assert len(got) == len(want) and got[-1] == pytest.approx(want[-1], rel=1e-3, abs=1e-4)
+    assert main(argv) == 0
+    assert "6 finished before, 0 to run" in capsys.readouterr().out
+
+
+def test_value_family_trials_are_not_stacked(tmp_path):
+    path = _write_spec(tmp_path, "presets: [TINY, smac/3m_qmix_fast]\nseeds: [1, 2]\n")
+    spec = S.load_spec(str(path), tmp_path / "sw")
+    units = S.plan_units(spec.trials, stack_seeds=True)
+    assert [[t.id for t in u] for u in units] == [
+        ["tiny/default/seed1", "tiny/default/seed2"],
+        ["smac/3m_qmix_fast/default/seed1"],
+        ["smac/3m_qmix_fast/default/seed2"],
+    ]
+    assert len(S.plan_units(spec.trials, stack_seeds=False)) == 4
+    bad = _write_spec(tmp_path, "presets: [TINY]\nstack_seeds: 2\n")
+    with pytest.raises(S.SweepError, match="'stack_seeds' in .* must be true or false"):
+        S.load_spec(str(bad), tmp_path / "sw")
+
+
+def test_a_stacked_ray_sweep_stops_on_ctrl_c_and_its_seeds_resume_together(tmp_path, stacked_calls):
+    pytest.importorskip("ray")
+    import mappo.trainer as T
+    from mappo.checkpoint import load_latest
+
+    spec_path, spec, status = _ctrl_c_a_ray_sweep(tmp_path, "seeds: [1, 2]\nstack_seeds: true\n")
+    sweep_dir = tmp_path / "sw"
+    assert [t["status"] for t in status["trials"]] == ["interrupted", "interrupted"]
+    assert status["trials"][0]["seconds"] == status["trials"][1]["seconds"]  # one process
+    assert [S.trial_state(t) for t in spec.trials] == ["partial", "partial"]
+    iterations = {load_latest(t.dir)[1]["progress"]["iteration"] for t in spec.trials}
+    assert len(iterations) == 1  # both seeds checkpointed at the same iteration
+    argv = ["sweep", str(spec_path), "--dir", str(sweep_dir), "--backend", "serial"]
+    assert main(argv) == 0  # the spec asks for stacking: no flag needed
+    assert stacked_calls == [([1, 2], True)]
+    assert [s["env_steps"] for s in _summaries(spec)] == [16000, 16000]
+    # The resumed seeds end where the uninterrupted stacked run ends.
+    cfgs = [C.load(t.preset, t.overrides) for t in spec.trials]
+    straight = T.train_stacked(cfgs, [tmp_path / "a", tmp_path / "b"])
+    for t, run in zip(spec.trials, straight, strict=True):
+        got = load_latest(t.dir)[1]["learner"]["policy"]
+        for name, value in run.policy.state_dict().items():
+            assert torch.allclose(got[name], value, atol=2e-5), name

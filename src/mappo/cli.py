@@ -266,12 +266,22 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from mappo.experiments.sweep import SweepInterrupted, load_spec, run_sweep, write_outputs
+    from mappo.experiments.sweep import (
+        SweepInterrupted,
+        load_spec,
+        plan_units,
+        run_sweep,
+        write_outputs,
+    )
 
     spec = load_spec(args.spec, args.dir)
+    spec.stack_seeds = spec.stack_seeds or args.stack_seeds
     if args.dry_run:
-        for trial in spec.trials:
-            print(f"{trial.id}  {trial.dir}")
+        for unit in plan_units(spec.trials, spec.stack_seeds):
+            if len(unit) > 1:
+                print(f"together in one process ({len(unit)} seeds):")
+            for trial in unit:
+                print(f"{'  ' if len(unit) > 1 else ''}{trial.id}  {trial.dir}")
         return 0
     try:
         results = run_sweep(spec, args.backend, args.address, args.max_concurrent)
@@ -281,6 +291,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             + (["--dir", args.dir] if args.dir else [])
             + (["--backend", args.backend] if args.backend != "auto" else [])
             + (["--address", args.address] if args.address else [])
+            + (["--stack-seeds"] if args.stack_seeds else [])
         )
         print(
             f"mappo: sweep interrupted; run `{again}` again to continue (finished trials are "
@@ -405,6 +416,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="trials at once (default: the spec's max_concurrent; 0: as resources allow)",
+    )
+    sw.add_argument(
+        "--stack-seeds",
+        action="store_true",
+        help="train the seeds of each configuration together in one process (num_seeds; "
+        "MAPPO family), as the spec's stack_seeds: true does",
     )
     sw.add_argument("--dry-run", action="store_true", help="list the trials and stop")
     sw.set_defaults(func=cmd_sweep)

@@ -441,12 +441,52 @@ def train_seeds(
     return _run_stacked(cfgs, checkpoints=None)
 
 
+def train_stacked(cfgs: list[TrainConfig], run_dirs: list[str | Path]) -> list[Run]:
+    """Train runs that differ only in their seed (any seeds, e.g. a sweep's ``[1, 5, 9]``)
+    together in one process, as :func:`train_seeds` does, seed ``cfgs[k].seed`` into
+    ``run_dirs[k]``; returns one :class:`Run` per config."""
+    if not cfgs or len(cfgs) != len(run_dirs):
+        raise config_mod.ConfigError("give one run directory per config (and at least one)")
+    paths = [Path(d) for d in run_dirs]
+    if len({p.resolve() for p in paths}) < len(paths):
+        raise config_mod.ConfigError("a run directory is given twice; give each seed its own")
+    _check_stackable(cfgs, [str(p) for p in paths])
+    for p in paths:
+        p.mkdir(parents=True, exist_ok=True)
+    return _run_stacked(
+        [dataclasses.replace(c, num_seeds=1) for c in cfgs], checkpoints=None, run_dirs=paths
+    )
+
+
+def _check_stackable(cfgs: list[TrainConfig], names: list[str]) -> None:
+    """One-line errors unless ``cfgs`` (named ``names`` in them) are seeds of one MAPPO-family
+    configuration that may train together."""
+    first = _comparable(cfgs[0])
+    for name, cfg in zip(names[1:], cfgs[1:], strict=True):
+        other = _comparable(cfg)
+        diff = sorted(k for k in first.keys() | other.keys() if first.get(k) != other.get(k))
+        if diff:
+            raise config_mod.ConfigError(
+                f"run '{name}' differs from '{names[0]}' in config field '{diff[0]}'; only "
+                "seeds of one configuration train or resume together (run the others separately)"
+            )
+    if len({c.seed for c in cfgs}) < len(cfgs):
+        raise config_mod.ConfigError("two of the runs have the same seed; give distinct seeds")
+    if cfgs[0].family != "ppo":
+        raise config_mod.ConfigError(
+            f"seeds train together for algo.name=mappo only, not {cfgs[0].algo.name!r}; "
+            "train each run separately"
+        )
+
+
 def _run_stacked(
     cfgs: list[TrainConfig],
     checkpoints: list[tuple[Path, Path, dict[str, Any]]] | None,
+    run_dirs: list[Path] | None = None,
 ) -> list[Run]:
     """Build the stacked learner of ``cfgs`` (restored from ``checkpoints``, ``(run dir, newest
-    checkpoint, its contents)`` per seed, when resuming) and train it to the end."""
+    checkpoint, its contents)`` per seed, when resuming) and train it to the end; a fresh
+    start writes into ``run_dirs`` (default: a new directory per seed)."""
     from mappo.learners.seeds import SeedSlot, StackedPPOLearner, make_seed_envs, release
 
     cfg = cfgs[0]
@@ -470,8 +510,8 @@ def _run_stacked(
             )
             trainers[k].error_prefix = f"seed {c.seed}: "
         if checkpoints is None:
-            for t in trainers:
-                t.run_dir = new_run_dir(t.cfg)
+            for k, t in enumerate(trainers):
+                t.run_dir = run_dirs[k] if run_dirs is not None else new_run_dir(t.cfg)
         else:
             for t, (path, newest, ckpt) in zip(trainers, checkpoints, strict=True):
                 t.restore_progress(ckpt)
@@ -537,27 +577,12 @@ def resume_seeds(
             locks.enter_context(hold_lock(_existing(p)))
         found = [_resumable(p, overrides) for p in paths]
         cfgs = [cfg for _, _, cfg in found]
-        first = _comparable(cfgs[0])
-        for p, cfg in zip(paths[1:], cfgs[1:], strict=True):
-            diff = sorted(k for k in first.keys() | _comparable(cfg).keys()
-                          if first.get(k) != _comparable(cfg).get(k))  # fmt: skip
-            if diff:
-                raise config_mod.ConfigError(
-                    f"run '{p}' differs from '{paths[0]}' in config field '{diff[0]}'; only "
-                    "seeds of one configuration resume together (resume the others separately)"
-                )
+        _check_stackable(cfgs, [str(p) for p in paths])
         iterations = sorted({int(ckpt["progress"]["iteration"]) for _, ckpt, _ in found})
         if len(iterations) > 1:
             raise config_mod.ConfigError(
                 f"the runs' newest checkpoints are at different iterations {iterations}; resume "
                 "them separately, or each to the same iteration first"
-            )
-        if len({c.seed for c in cfgs}) < len(cfgs):
-            raise config_mod.ConfigError("two of the runs have the same seed; give distinct seeds")
-        if cfgs[0].family != "ppo":
-            raise config_mod.ConfigError(
-                f"seeds resume together for algo.name=mappo only, not {cfgs[0].algo.name!r}; "
-                "resume each run separately"
             )
         return _run_stacked(
             [dataclasses.replace(c, num_seeds=1) for c in cfgs],

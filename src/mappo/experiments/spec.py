@@ -28,6 +28,7 @@ _SPEC_KEYS = (
     "resources",
     "max_concurrent",
     "metric",
+    "stack_seeds",
 )
 _RESOURCE_KEYS = ("cpus", "gpus")
 
@@ -68,6 +69,8 @@ class SweepSpec:
     max_concurrent: int = 0
     metric: str = ""
     description: str = ""
+    stack_seeds: bool = False
+    """Train the seeds of one configuration together, in one process (``num_seeds``)."""
     trials: list[Trial] = field(default_factory=list)
 
 
@@ -178,6 +181,9 @@ def load_spec(source: str, sweep_dir: str | Path | None = None) -> SweepSpec:
     )
     spec.max_concurrent = int(_number(data.get("max_concurrent", 0), "max_concurrent", 0))
     spec.metric = str(data.get("metric", "") or "")
+    stack = data.get("stack_seeds", False)
+    _need(isinstance(stack, bool), f"'stack_seeds' in '{path}' must be true or false")
+    spec.stack_seeds = stack
     root = Path(sweep_dir) if sweep_dir is not None else Path("sweeps") / spec.name
     spec.trials = _expand(spec, root.resolve(), path)
     return spec

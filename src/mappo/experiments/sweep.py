@@ -9,6 +9,7 @@ A spec (YAML, read with the safe loader) names what to run::
     grid: {algo.clip: [0.1, 0.2]}         # a cross product
     resources: {cpus: 1, gpus: 0}         # per trial (Ray); cpus also sets torch threads
     max_concurrent: 0                     # 0: as many as the resources allow
+    stack_seeds: false                    # true: a configuration's seeds train in one process
 
 Trial ``<preset>/<grid point>/seed<k>`` trains in ``<sweep dir>/<preset>/<grid point>/seed<k>/``.
 What is on disk decides what a trial does, so a sweep is resumable by running it again: a trial
@@ -17,6 +18,14 @@ on CPU), any other starts afresh. A failing trial writes ``error.txt`` (its trac
 reported; the others go on. Trials run on Ray (an embedded local instance by default, or a
 cluster's address) or one after another in this process (``backend="serial"``). On a cluster
 the sweep directory must be on a filesystem every node sees (e.g. NFS), as trials write there.
+
+With ``stack_seeds`` (or ``mappo sweep --stack-seeds``) the trials of one preset and grid point
+that differ only in their seed run as one *unit*, one process training them together
+(:func:`mappo.trainer.train_stacked`, as ``num_seeds`` does; MAPPO family only, the value family's
+trials stay one per process). Each seed still writes its own ordinary trial folder, so a stacked
+trial can be continued alone and an unstacked one with its siblings. A unit takes the spec's
+``resources`` once (they are per process), and the seeds of a unit that resume together must
+have checkpoints at one iteration; those that do not are resumed one by one.
 """
 
 from __future__ import annotations
@@ -102,6 +111,19 @@ def node_name() -> str:
     return socket.gethostname()
 
 
+def _invisible(trial: Trial, node: str) -> TrialResult | None:
+    """A ``failed`` result when this node cannot see the sweep directory, else None."""
+    if trial.root.is_dir():
+        return None
+    return TrialResult(
+        trial.id,
+        "failed",
+        node=node,
+        error=f"the sweep directory is not visible on node {node}; put it on a filesystem "
+        "every node of the cluster sees (e.g. NFS) and pass it with --dir",
+    )
+
+
 def run_trial(trial: Trial) -> TrialResult:
     """Train, resume or skip one trial, by what its directory holds; never raises for the
     trial's own failures (they come back as ``failed`` with the error, and ``error.txt``)."""
@@ -110,13 +132,9 @@ def run_trial(trial: Trial) -> TrialResult:
     start = time.monotonic()
     d = Path(trial.dir)
     result = TrialResult(trial.id, "done", node=node_name())
-    if not trial.root.is_dir():
-        result.status = "failed"
-        result.error = (
-            f"the sweep directory is not visible on node {result.node}; put it on a filesystem "
-            "every node of the cluster sees (e.g. NFS) and pass it with --dir"
-        )
-        return result
+    lost = _invisible(trial, result.node)
+    if lost is not None:
+        return lost
     state = trial_state(trial)
     if state == "finished":
         result.status = "skipped"
@@ -140,12 +158,113 @@ def run_trial(trial: Trial) -> TrialResult:
         result.error = str(err)
     except Exception as err:  # the trial's failure is reported; the sweep goes on
         result.status = "failed"
-        result.error = f"{type(err).__name__}: " + " ".join(str(err).split())
-        with contextlib.suppress(OSError):
-            d.mkdir(parents=True, exist_ok=True)
-            (d / "error.txt").write_text(traceback.format_exc())
+        result.error = _failure(err, [d])
     result.seconds = time.monotonic() - start
     return result
+
+
+def _failure(err: Exception, dirs: list[Path]) -> str:
+    """The one-line error of a failed trial; the traceback goes to each folder's error.txt."""
+    trace = traceback.format_exc()
+    for d in dirs:
+        with contextlib.suppress(OSError):
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "error.txt").write_text(trace)
+    return f"{type(err).__name__}: " + " ".join(str(err).split())
+
+
+# -- units: the trials one process runs -------------------------------------------------------
+
+
+def plan_units(trials: list[Trial], stack_seeds: bool) -> list[list[Trial]]:
+    """The trials as units of work, in the trials' order: each trial alone, or with
+    ``stack_seeds`` the MAPPO-family trials of one preset and grid point together."""
+    if not stack_seeds:
+        return [[t] for t in trials]
+    units: dict[str, list[Trial]] = {}
+    for t in trials:
+        stackable = config_mod.load(t.preset, t.overrides).family == "ppo"
+        units.setdefault(t.id.rsplit("/", 1)[0] if stackable else t.id, []).append(t)
+    return list(units.values())
+
+
+def run_unit(trials: list[Trial]) -> list[TrialResult]:
+    """Train, resume or skip the trials of one unit (:func:`plan_units`), one result per trial
+    that ran or was skipped; never raises for the trials' own failures.
+
+    One trial runs as :func:`run_trial`. Seeds of one configuration: finished ones are skipped,
+    the new ones train together, those with checkpoints resume together, a group per checkpoint
+    iteration (a group of one runs alone). Ctrl-C or SIGTERM stops the unit after the group
+    that was running checkpointed."""
+    if len(trials) == 1:
+        return [run_trial(trials[0])]
+    node = node_name()
+    lost = [_invisible(t, node) for t in trials]
+    if any(r is not None for r in lost):
+        return [r for r in lost if r is not None]
+    results: list[TrialResult] = []
+    fresh: list[Trial] = []
+    by_iteration: dict[int, list[Trial]] = {}
+    for t in trials:
+        state = trial_state(t)
+        if state == "finished" or (state == "partial" and _reached_budget(t)):
+            results.append(TrialResult(t.id, "skipped", _summary_steps(Path(t.dir)), node=node))
+        elif state == "partial":
+            by_iteration.setdefault(_checkpoint_iteration(t), []).append(t)
+        else:
+            fresh.append(t)
+    for group, resuming in [(fresh, False)] + [(g, True) for g in by_iteration.values()]:
+        if not group:
+            continue
+        done = [run_trial(group[0])] if len(group) == 1 else _run_together(group, resuming)
+        results += done
+        if any(r.status == "interrupted" for r in done):
+            break  # the signal stops the sweep; the unit's other groups stay for the next run
+    return results
+
+
+def _checkpoint_iteration(trial: Trial) -> int:
+    """The iteration of a trial's newest usable checkpoint (-1 when none can be read: the
+    trial's own resume then reports why)."""
+    from mappo.checkpoint import CheckpointError, load_latest
+
+    try:
+        return int(load_latest(trial.dir)[1]["progress"]["iteration"])
+    except (CheckpointError, KeyError, TypeError, ValueError):
+        return -1
+
+
+def _run_together(group: list[Trial], resuming: bool) -> list[TrialResult]:
+    """Seeds of one configuration trained (or resumed) together in this process."""
+    from mappo.trainer import RunInterrupted, resume_seeds, train_stacked
+
+    start = time.monotonic()
+    node = node_name()
+    dirs = [Path(t.dir) for t in group]
+    status, steps, error = "done", [0] * len(group), ""
+    try:
+        if resuming:
+            # The seed is each run's own; the other overrides are the same for every seed.
+            same = {k: v for k, v in group[0].overrides.items() if k != "seed"}
+            runs = resume_seeds(dirs, same)
+        else:
+            for d in dirs:
+                d.mkdir(parents=True, exist_ok=True)
+                _clear_leftovers(d)
+            cfgs = [config_mod.load(t.preset, dict(t.overrides)) for t in group]
+            runs = train_stacked(cfgs, dirs)
+        steps = [int(r.summary.get("env_steps", 0)) for r in runs]
+        for d in dirs:
+            (d / "error.txt").unlink(missing_ok=True)
+    except RunInterrupted as err:
+        status, steps, error = "interrupted", [err.env_steps] * len(group), str(err)
+    except Exception as err:  # the unit's failure is every trial's in it; the sweep goes on
+        status, error = "failed", _failure(err, dirs)
+    seconds = time.monotonic() - start
+    return [
+        TrialResult(t.id, status, n, seconds, node, error)
+        for t, n in zip(group, steps, strict=True)
+    ]
 
 
 def _reached_budget(trial: Trial) -> bool:
@@ -285,18 +404,21 @@ class SweepInterrupted(Exception):
         self.signum = signum
 
 
-def _run_serial(trials: list[Trial], table: StatusTable, results: list[TrialResult]) -> None:
-    """One trial after another in this process (the trainer handles Ctrl-C and SIGTERM: the
-    trial checkpoints and the sweep stops)."""
+def _run_serial(units: list[list[Trial]], table: StatusTable, results: list[TrialResult]) -> None:
+    """One unit after another in this process (the trainer handles Ctrl-C and SIGTERM: the
+    running trials checkpoint and the sweep stops)."""
     with _refreshing(table):
-        for trial in trials:
-            table.set(trial.id, "running")
-            result = run_trial(trial)
-            table.set(trial.id, result.status, result.error)
-            results.append(result)
-            if result.status == "interrupted":
-                signum = signal.SIGTERM if "SIGTERM" in result.error else signal.SIGINT
-                raise SweepInterrupted(result.error, signum)
+        for unit in units:
+            for trial in unit:
+                table.set(trial.id, "running")
+            done = run_unit(unit)
+            for result in done:
+                table.set(result.id, result.status, result.error)
+            results.extend(done)
+            stopped = next((r for r in done if r.status == "interrupted"), None)
+            if stopped is not None:
+                signum = signal.SIGTERM if "SIGTERM" in stopped.error else signal.SIGINT
+                raise SweepInterrupted(stopped.error, signum)
 
 
 def _ray_init(address: str | None) -> Any:
@@ -331,15 +453,16 @@ def _ray_init(address: str | None) -> Any:
     return ray
 
 
-def _collect(ray: Any, ref: Any, trial: Trial) -> TrialResult:
+def _collect(ray: Any, ref: Any, unit: list[Trial]) -> list[TrialResult]:
     try:
         return ray.get(ref)
     except Exception as err:  # the worker died (killed, out of memory) or the task was cancelled
         first = " ".join(str(err).split())[:300]
-        with contextlib.suppress(OSError):
-            Path(trial.dir).mkdir(parents=True, exist_ok=True)
-            (Path(trial.dir) / "error.txt").write_text(f"the Ray worker was lost:\n{err}\n")
-        return TrialResult(trial.id, "failed", error=f"worker lost: {first}")
+        for trial in unit:
+            with contextlib.suppress(OSError):
+                Path(trial.dir).mkdir(parents=True, exist_ok=True)
+                (Path(trial.dir) / "error.txt").write_text(f"the Ray worker was lost:\n{err}\n")
+        return [TrialResult(t.id, "failed", error=f"worker lost: {first}") for t in unit]
 
 
 class _Terminated(KeyboardInterrupt):
@@ -379,19 +502,19 @@ def _trials_that_fit(nodes: list[dict[str, Any]], cpus: float, gpus: float) -> i
 
 
 def _run_ray(
-    trials: list[Trial],
+    units: list[list[Trial]],
     spec: SweepSpec,
     table: StatusTable,
     address: str | None,
     max_concurrent: int,
     results: list[TrialResult],
 ) -> None:
-    """Each trial a Ray task with the spec's resources, at most as many at once as fit."""
+    """Each unit a Ray task with the spec's resources, at most as many at once as fit."""
     ray = _ray_init(address)
-    running: dict[Any, Trial] = {}
+    running: dict[Any, list[Trial]] = {}
     try:
         with _sigterm_as_interrupt():
-            task = ray.remote(run_trial).options(
+            task = ray.remote(run_unit).options(
                 num_cpus=spec.cpus, num_gpus=spec.gpus, max_retries=0
             )
             cluster = ray.cluster_resources()
@@ -403,17 +526,18 @@ def _run_ray(
                     f"{cluster.get('GPU', 0):g} GPUs); lower 'resources' in the spec"
                 )
             slots = min(fits, max_concurrent) if max_concurrent else fits
-            pending = list(trials)
+            pending = list(units)
             while pending or running:
                 while pending and len(running) < slots:
-                    trial = pending.pop(0)
-                    running[task.remote(trial)] = trial
-                    table.set(trial.id, "running")
+                    unit = pending.pop(0)
+                    running[task.remote(unit)] = unit
+                    for trial in unit:
+                        table.set(trial.id, "running")
                 ready, _ = ray.wait(list(running), num_returns=1, timeout=2.0)
                 for ref in ready:
-                    result = _collect(ray, ref, running.pop(ref))
-                    results.append(result)
-                    table.set(result.id, result.status, result.error)
+                    for result in _collect(ray, ref, running.pop(ref)):
+                        results.append(result)
+                        table.set(result.id, result.status, result.error)
                 table.refresh()
     except KeyboardInterrupt as err:
         # Cancelling a running task raises KeyboardInterrupt in its worker, which the trainer
@@ -423,11 +547,11 @@ def _run_ray(
                 ray.cancel(ref)
         with contextlib.suppress(Exception, KeyboardInterrupt):
             ray.wait(list(running), num_returns=len(running), timeout=60)
-        for ref, trial in running.items():
-            result = _collect(ray, ref, trial)
-            if result.status == "failed" and "worker lost" in result.error:
-                result.status = "interrupted"
-            results.append(result)
+        for ref, unit in running.items():
+            for result in _collect(ray, ref, unit):
+                if result.status == "failed" and "worker lost" in result.error:
+                    result.status = "interrupted"
+                results.append(result)
         signum = signal.SIGTERM if isinstance(err, _Terminated) else signal.SIGINT
         raise SweepInterrupted("interrupted", signum) from None
     finally:
@@ -495,18 +619,22 @@ def _run_locked(
             skipped.append(TrialResult(trial.id, "skipped", _summary_steps(Path(trial.dir))))
         else:
             todo.append(trial)
+    units = plan_units(todo, spec.stack_seeds)
+    together = ""
+    if len(units) < len(todo):
+        together = f" ({len(units)} process{'es' if len(units) > 1 else ''}, seeds stacked)"
     out.write(
         f"sweep '{spec.name}' in {root}: {len(spec.trials)} trials, {len(skipped)} finished "
-        f"before, {len(todo)} to run on {backend}\n"
+        f"before, {len(todo)} to run on {backend}{together}\n"
     )
     concurrency = spec.max_concurrent if max_concurrent is None else max_concurrent
     started = time.monotonic()
     results: list[TrialResult] = []
     try:
         if todo and backend == "ray":
-            _run_ray(todo, spec, table, address, concurrency, results)
+            _run_ray(units, spec, table, address, concurrency, results)
         elif todo:
-            _run_serial(todo, table, results)
+            _run_serial(units, table, results)
     finally:
         _write_status(spec, root, skipped + results, time.monotonic() - started, backend)
     table.refresh(force=True)
