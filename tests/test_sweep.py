@@ -513,3 +513,45 @@ def test_a_stacked_ray_sweep_stops_on_ctrl_c_and_its_seeds_resume_together(tmp_p
         got = load_latest(t.dir)[1]["learner"]["policy"]
         for name, value in run.policy.state_dict().items():
             assert torch.allclose(got[name], value, atol=2e-5), name
+
+
+def test_stacked_seeds_resume_in_groups_of_equal_iteration(tmp_path, stacked_calls):
+    """Seeds 1 and 2 stopped at one iteration resume together, seed 3 (elsewhere) alone, new
+    seed 4 alone: a unit splits by what each trial's folder holds."""
+    sweep_dir = tmp_path / "sw"
+
+    def sweep(seeds: str, steps: int, stack: bool) -> int:
+        body = f"presets: [TINY]\nseeds: {seeds}\noverrides: {{total_env_steps: {steps}}}\n"
+        spec = _write_spec(tmp_path, body + f"stack_seeds: {str(stack).lower()}\n")
+        return main(["sweep", str(spec), "--dir", str(sweep_dir), "--backend", "serial"])
+
+    assert sweep("[1, 2]", 100, stack=False) == 0 and sweep("[3]", 60, stack=False) == 0
+    assert stacked_calls == []
+    assert sweep("[1, 2, 3, 4]", 200, stack=True) == 0
+    assert stacked_calls == [([1, 2], True)]
+    spec = S.load_spec(str(tmp_path / "spec.yaml"), sweep_dir)
+    assert [s["env_steps"] for s in _summaries(spec)] == [200] * 4
+
+
+def test_a_stack_that_fails_runs_its_trials_one_by_one(tmp_path, monkeypatch, capsys):
+    import mappo.trainer as T
+
+    def broken(cfgs, checkpoints, run_dirs=None):
+        raise RuntimeError("out of memory for 2 seeds")
+
+    monkeypatch.setattr(T, "_run_stacked", broken)
+    spec_path = _write_spec(tmp_path, "presets: [TINY]\nseeds: [1, 2]\n")
+    argv = ["sweep", str(spec_path), "--dir", str(tmp_path / "sw"), "--backend", "serial"]
+    assert main([*argv, "--stack-seeds"]) == 0
+    spec = S.load_spec(str(spec_path), tmp_path / "sw")
+    assert [s["env_steps"] for s in _summaries(spec)] == [200, 200]
+    assert not any((Path(t.dir) / "error.txt").exists() for t in spec.trials)
+    status = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    assert [t["status"] for t in status["trials"]] == ["done", "done"]
+    capsys.readouterr()
+    # --no-stack-seeds turns a spec's stacking off: nothing is grouped.
+    stacked = _write_spec(tmp_path, "presets: [TINY]\nseeds: [1, 2]\nstack_seeds: true\n")
+    assert main(["sweep", str(stacked), "--dry-run", "--no-stack-seeds"]) == 0
+    assert "together" not in capsys.readouterr().out
+    assert main(["sweep", str(stacked), "--dry-run"]) == 0
+    assert "together in one process (2 seeds)" in capsys.readouterr().out

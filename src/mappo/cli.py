@@ -12,6 +12,7 @@ status 130 and 143. A sweep whose trials failed exits with status 1 after the ot
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import json
 import os
@@ -275,7 +276,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     )
 
     spec = load_spec(args.spec, args.dir)
-    spec.stack_seeds = spec.stack_seeds or args.stack_seeds
+    if args.stack_seeds is not None:  # the flag wins over the spec's stack_seeds
+        spec = dataclasses.replace(spec, stack_seeds=args.stack_seeds)
     if args.dry_run:
         for unit in plan_units(spec.trials, spec.stack_seeds):
             if len(unit) > 1:
@@ -291,7 +293,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             + (["--dir", args.dir] if args.dir else [])
             + (["--backend", args.backend] if args.backend != "auto" else [])
             + (["--address", args.address] if args.address else [])
-            + (["--stack-seeds"] if args.stack_seeds else [])
+            + ({True: ["--stack-seeds"], False: ["--no-stack-seeds"]}.get(args.stack_seeds, []))
         )
         print(
             f"mappo: sweep interrupted; run `{again}` again to continue (finished trials are "
@@ -419,9 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sw.add_argument(
         "--stack-seeds",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="train the seeds of each configuration together in one process (num_seeds; "
-        "MAPPO family), as the spec's stack_seeds: true does",
+        "MAPPO family), or not; default: the spec's stack_seeds",
     )
     sw.add_argument("--dry-run", action="store_true", help="list the trials and stop")
     sw.set_defaults(func=cmd_sweep)

@@ -48,6 +48,8 @@ class Trial:
     dir: str
     """Absolute path of the trial's run directory."""
     total_env_steps: int
+    family: str = "ppo"
+    """The algorithm family (``ppo``, ``value`` or ``coma``): only ``ppo`` trials stack."""
 
     @property
     def root(self) -> Path:
@@ -223,7 +225,14 @@ def _expand(spec: SweepSpec, root: Path, path: Path) -> list[Trial]:
                         f"device={cfg.device}; add device: cuda to 'overrides' in '{path}'"
                     )
                 trials.append(
-                    Trial(trial_id, preset, overrides, str(root / trial_id), cfg.total_env_steps)
+                    Trial(
+                        trial_id,
+                        preset,
+                        overrides,
+                        str(root / trial_id),
+                        cfg.total_env_steps,
+                        cfg.family,
+                    )
                 )
     return trials
 

@@ -24,8 +24,8 @@ that differ only in their seed run as one *unit*, one process training them toge
 (:func:`mappo.trainer.train_stacked`, as ``num_seeds`` does; MAPPO family only, the value family's
 trials stay one per process). Each seed still writes its own ordinary trial folder, so a stacked
 trial can be continued alone and an unstacked one with its siblings. A unit takes the spec's
-``resources`` once (they are per process), and the seeds of a unit that resume together must
-have checkpoints at one iteration; those that do not are resumed one by one.
+``resources`` once (they are per process); seeds with checkpoints resume together in groups of
+equal checkpoint iteration, and a group that fails is run again one trial at a time.
 """
 
 from __future__ import annotations
@@ -183,44 +183,54 @@ def plan_units(trials: list[Trial], stack_seeds: bool) -> list[list[Trial]]:
         return [[t] for t in trials]
     units: dict[str, list[Trial]] = {}
     for t in trials:
-        stackable = config_mod.load(t.preset, t.overrides).family == "ppo"
-        units.setdefault(t.id.rsplit("/", 1)[0] if stackable else t.id, []).append(t)
+        units.setdefault(t.id.rsplit("/", 1)[0] if t.family == "ppo" else t.id, []).append(t)
     return list(units.values())
 
 
 def run_unit(trials: list[Trial]) -> list[TrialResult]:
-    """Train, resume or skip the trials of one unit (:func:`plan_units`), one result per trial
-    that ran or was skipped; never raises for the trials' own failures.
+    """Train, resume or skip the trials of one unit (:func:`plan_units`), one result per
+    trial; never raises for the trials' own failures.
 
     One trial runs as :func:`run_trial`. Seeds of one configuration: finished ones are skipped,
     the new ones train together, those with checkpoints resume together, a group per checkpoint
-    iteration (a group of one runs alone). Ctrl-C or SIGTERM stops the unit after the group
-    that was running checkpointed."""
+    iteration (a group of one runs alone). A group that fails together (a seed diverging, a
+    stack too large for the memory, an env error) is run again one trial at a time, so that one
+    seed's failure is its own. Ctrl-C or SIGTERM stops the unit once the running group
+    checkpointed; the trials it did not reach come back ``interrupted`` too."""
     if len(trials) == 1:
         return [run_trial(trials[0])]
     node = node_name()
     lost = [_invisible(t, node) for t in trials]
     if any(r is not None for r in lost):
         return [r for r in lost if r is not None]
-    results: list[TrialResult] = []
+    results: dict[str, TrialResult] = {}
     fresh: list[Trial] = []
     by_iteration: dict[int, list[Trial]] = {}
     for t in trials:
         state = trial_state(t)
         if state == "finished" or (state == "partial" and _reached_budget(t)):
-            results.append(TrialResult(t.id, "skipped", _summary_steps(Path(t.dir)), node=node))
+            results[t.id] = TrialResult(t.id, "skipped", _summary_steps(Path(t.dir)), node=node)
         elif state == "partial":
             by_iteration.setdefault(_checkpoint_iteration(t), []).append(t)
         else:
             fresh.append(t)
-    for group, resuming in [(fresh, False)] + [(g, True) for g in by_iteration.values()]:
-        if not group:
-            continue
-        done = [run_trial(group[0])] if len(group) == 1 else _run_together(group, resuming)
-        results += done
-        if any(r.status == "interrupted" for r in done):
-            break  # the signal stops the sweep; the unit's other groups stay for the next run
-    return results
+    groups = [(g, False) for g in [fresh] if g] + [(g, True) for g in by_iteration.values()]
+    try:
+        for group, resuming in groups:
+            done = _run_together(group, resuming) if len(group) > 1 else [run_trial(group[0])]
+            if any(r.status == "failed" for r in done):
+                done = [run_trial(t) for t in group]  # each trial's own fate
+            results.update((r.id, r) for r in done)
+            if any(r.status == "interrupted" for r in done):
+                break  # the signal stops the sweep; the unit's other groups wait for a re-run
+    except KeyboardInterrupt:  # between groups (a cancelled Ray task, Ctrl-C)
+        pass
+    for t in trials:
+        if t.id not in results:
+            results[t.id] = TrialResult(
+                t.id, "interrupted", _summary_steps(Path(t.dir)), node=node, error="not started"
+            )
+    return [results[t.id] for t in trials]
 
 
 def _checkpoint_iteration(trial: Trial) -> int:
@@ -458,11 +468,16 @@ def _collect(ray: Any, ref: Any, unit: list[Trial]) -> list[TrialResult]:
         return ray.get(ref)
     except Exception as err:  # the worker died (killed, out of memory) or the task was cancelled
         first = " ".join(str(err).split())[:300]
+        results = []
         for trial in unit:
+            if trial_state(trial) == "finished":  # a group of the unit that ended before
+                results.append(TrialResult(trial.id, "done", _summary_steps(Path(trial.dir))))
+                continue
             with contextlib.suppress(OSError):
                 Path(trial.dir).mkdir(parents=True, exist_ok=True)
                 (Path(trial.dir) / "error.txt").write_text(f"the Ray worker was lost:\n{err}\n")
-        return [TrialResult(t.id, "failed", error=f"worker lost: {first}") for t in unit]
+            results.append(TrialResult(trial.id, "failed", error=f"worker lost: {first}"))
+        return results
 
 
 class _Terminated(KeyboardInterrupt):
