@@ -8,6 +8,7 @@ afterwards. The count of cases is quoted in the README's reliability section.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -615,3 +616,36 @@ def test_interrupt_checkpoints_and_prints_the_resume_command(tmp_path, sig, code
     a = torch.load(_ckpts(run)[-1], weights_only=True)["learner"]["policy"]
     b = torch.load(_ckpts(ref)[-1], weights_only=True)["learner"]["policy"]
     assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_sigterm_to_the_whole_process_group_checkpoints_a_run_with_env_workers(tmp_path):
+    """``timeout``, ``kill -- -PGID`` and batch schedulers signal every process of the job: the
+    env workers and multiprocessing's fork server must outlive it, so that the trainer finishes
+    its update and checkpoints instead of reporting dead workers."""
+    pytest.importorskip("mpe2")
+    argv = [
+        "train", "pettingzoo/simple_spread", "env.num_envs=4", "env.kwargs.num_workers=2",
+        "eval_episodes=2", "progress=false", "algo.epochs=1", "threads=1",
+        "checkpoint_interval=1000", "total_env_steps=200000", "tensorboard=false", "run_dir=runs",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mappo.cli", *argv],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group, to be signalled whole
+    )
+    try:
+        _wait_for(lambda: list(tmp_path.glob("runs/*/*/*/*/metrics.csv")), proc, 180)
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=180)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143, err
+    assert "continue with: mappo train --resume" in err and "worker" not in err
+    (run,) = [p.parent for p in tmp_path.glob("runs/*/*/*/*/metrics.csv")]
+    assert len(_ckpts(run)) == 1

@@ -24,6 +24,7 @@ import pickle
 import runpy
 import signal
 import tempfile
+import threading
 import time
 import weakref
 from multiprocessing import shared_memory
@@ -108,20 +109,36 @@ def default_start_method() -> str:
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
-def _preload_fork_server() -> None:
-    """Have the fork server import torch once, so that the workers do not each import it.
+def _start_fork_server() -> None:
+    """Start the fork server (if it is not running yet) so that it imports torch once and
+    outlives a SIGTERM sent to the whole process group.
 
     A worker re-imports the main module (multiprocessing's rule, so that objects defined there
     unpickle), and a training script imports torch: every worker would pay that import (1-2 s
     of CPU). Workers are forks of the fork server, so a module the server has imported costs
     them nothing. Only the default preload list is extended; a program's own setting is kept,
     and a server that is already running is left alone.
+
+    ``timeout``, ``kill -- -PGID`` and batch schedulers (Slurm's preemption) send SIGTERM to
+    every process of the job. The workers ignore it and the trainer answers it by finishing its
+    update and checkpointing, but the fork server died of it, and multiprocessing then reports
+    every worker as exited (code 255, read from the server's pipe): the run ended with an error
+    instead of a checkpoint. An ignored signal survives ``exec``, so the server is started with
+    SIGTERM ignored (it already ignores Ctrl-C).
     """
     from multiprocessing import forkserver
 
     server = getattr(forkserver, "_forkserver", None)
     if getattr(server, "_preload_modules", None) == ["__main__"]:
         forkserver.set_forkserver_preload(["__main__", "torch", "gymnasium"])
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal dispositions can only be changed here from the main thread
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        forkserver.ensure_running()
+    finally:
+        # (None: a handler installed outside Python, which cannot be put back from here)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 class WorkerPool:
@@ -157,7 +174,7 @@ class WorkerPool:
         self.ranges = ranges
         start_method = start_method or default_start_method()
         if start_method == "forkserver":
-            _preload_fork_server()
+            _start_fork_server()
         ctx = mp.get_context(start_method)
         self.procs: list[Any] = []
         self.conns: list[Any] = []
