@@ -554,7 +554,9 @@ def test_resume_records_its_overrides(trained, tmp_path, capsys):
     assert "total_env_steps: 400" in saved and "actor_lr: 0.0001" in saved
 
 
-def _start(argv: list[str], cwd: Path) -> subprocess.Popen:
+def _start(argv: list[str], cwd: Path, new_session: bool = False) -> subprocess.Popen:
+    """``mappo ARGV`` in ``cwd`` with its output piped (in a process group of its own with
+    ``new_session``, to be signalled whole)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "mappo.cli", *argv],
@@ -563,6 +565,7 @@ def _start(argv: list[str], cwd: Path) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        start_new_session=new_session,
     )
 
 
@@ -628,16 +631,7 @@ def test_sigterm_to_the_whole_process_group_checkpoints_a_run_with_env_workers(t
         "eval_episodes=2", "progress=false", "algo.epochs=1", "threads=1",
         "checkpoint_interval=1000", "total_env_steps=200000", "tensorboard=false", "run_dir=runs",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mappo.cli", *argv],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,  # its own process group, to be signalled whole
-    )
+    proc = _start(argv, tmp_path, new_session=True)
     try:
         _wait_for(lambda: list(tmp_path.glob("runs/*/*/*/*/metrics.csv")), proc, 180)
         os.killpg(proc.pid, signal.SIGTERM)
