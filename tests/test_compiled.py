@@ -265,3 +265,89 @@ def test_fused_segments_equal_the_step_loop(kind, monkeypatch):
     torch.testing.assert_close(fused[1], loop[1], rtol=0, atol=1e-5)
     for a, b in zip(fused[2], loop[2], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "preset",
+    [
+        "mpe/simple_spread_jaxmarl_ff",  # feed-forward, Spread's contact forces
+        "mpe/simple_reference",  # recurrent, messages, goal colours
+        "mpe/simple_speaker_listener",  # two groups, one that only speaks
+    ],
+)
+def test_the_fused_rollout_step_equals_the_eager_one(preset):
+    """On the CPU the compiled rollout traces the env's step, the policy and the episode tracker
+    into one graph on every step where no episode ends (the particle world's
+    ``claim_traced_step``), and steps eagerly where one does. Two rollouts of 30 steps cross the
+    time limit twice (25 and 50): buffers, tracker, env state and the step to act on next equal
+    those of eager collection."""
+    overrides = {**SMALL, "rollout_length": 30, "env.num_envs": 4, "device": "cpu"}
+    trainers = {
+        mode: Trainer(config_mod.load(preset, {**overrides, "compile": mode}))
+        for mode in ("off", "on")
+    }
+    compiled = trainers["on"].collector
+    assert trainers["off"].collector.fused_fn is None and compiled.fused_fn is not None
+    claims = {"traced": 0, "eager": 0}
+    claim = compiled.env.claim_traced_step
+
+    def counted():
+        fn = claim()
+        claims["eager" if fn is None else "traced"] += 1
+        return fn
+
+    compiled.env.claim_traced_step = counted
+    for _ in range(2):
+        rollouts = {mode: t.collector.collect() for mode, t in trainers.items()}
+        eager, fused = rollouts["off"], rollouts["on"]
+        for name in ("starts", "terminated", "truncated"):
+            assert torch.equal(getattr(eager, name), getattr(fused, name)), name
+        for group, buf in eager.groups.items():
+            for f in dataclasses.fields(buf):
+                want, got = getattr(buf, f.name), getattr(fused.groups[group], f.name)
+                if want is None:
+                    assert got is None
+                    continue
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f.name)
+    assert claims == {"traced": 58, "eager": 2}
+    collectors = {mode: t.collector for mode, t in trainers.items()}
+    want_env, got_env = (c.env.get_state() for c in collectors.values())
+    for k, v in want_env.items():
+        torch.testing.assert_close(got_env[k], v, rtol=1e-5, atol=1e-5, msg=k)
+    want_track = collectors["off"].tracker.state_dict()
+    got_track = collectors["on"].tracker.state_dict()
+    for k, v in want_track.items():
+        if isinstance(v, dict):
+            for s, x in v.items():
+                torch.testing.assert_close(got_track[k][s], x, rtol=1e-5, atol=1e-5, msg=s)
+        else:
+            torch.testing.assert_close(got_track[k], v, rtol=1e-5, atol=1e-5, msg=k)
+    for group, obs in collectors["off"].step.obs.items():
+        torch.testing.assert_close(collectors["on"].step.obs[group], obs, rtol=1e-5, atol=1e-5)
+    for t in trainers.values():
+        t.close()
+
+
+def test_a_particle_world_claims_only_steps_where_no_episode_ends():
+    from mappo.envs.registry import make
+
+    env = make("mpe/simple_spread", num_envs=2, episode_length=3)
+    env.reset(seed=0)
+    assert env.claim_traced_step() is None  # actions are checked: every step goes through step
+    env.validate_actions = False
+    actions = {"agents": torch.zeros(2, 3, 1, dtype=torch.long)}
+    seen = []
+    for _ in range(7):
+        fn = env.claim_traced_step()
+        seen.append(fn is not None)
+        step = env.step(actions) if fn is None else fn(actions)
+        assert not bool(step.truncated.any()) if fn is not None else bool(step.truncated.all())
+    assert seen == [True, True, False, True, True, False, True]
+    env.set_state({"step": torch.tensor([1, 0])})  # the envs now end on different steps
+    seen, ends = [], []
+    for _ in range(6):
+        fn = env.claim_traced_step()
+        seen.append(fn is not None)
+        ends.append((env.step(actions) if fn is None else fn(actions)).truncated.tolist())
+    assert seen == [True, False, False, True, False, False]
+    assert ends == [[False, False], [True, False], [False, True]] * 2

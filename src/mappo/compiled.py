@@ -8,6 +8,13 @@ What is compiled, and why there:
   generator just before (:meth:`~mappo.nn.actor_critic.ActorCritic.draw_noise`): a
   ``torch.Generator`` cannot enter a graph, and drawing the same numbers outside gives exactly
   the eager path's actions.
+- :func:`mappo.rollout.fused_step` (CPU): the policy step, the env's step and the episode
+  tracker as one graph, on every step where the env lets its step be traced
+  (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_step`: the particle world does wherever no
+  episode ends, so 24 of 25 Spread steps). About a hundred small ops per step become one call
+  and a few fused kernels; the rollout of JaxMARL's Spread settings took 1.6x less time
+  (BENCHMARKS.md). Other envs, and the steps where an episode ends, run the policy graph and the
+  env's eager step.
 - :func:`mappo.algos.mappo.loss_terms`: a mini-batch's forward pass and losses; autograd then
   runs the compiled backward (for recurrent networks with chunks of at most
   :data:`MAX_COMPILED_CHUNK` steps). Mini-batch selection and the ValueNorm/PopArt update (which

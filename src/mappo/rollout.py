@@ -171,6 +171,29 @@ def policy_step(
     return acted, critic_x, values, new_critic
 
 
+def fused_step(
+    policy: ActorCritic,
+    env_step: Callable[[dict[str, Tensor]], EnvStep],
+    step: EnvStep,
+    actor_states: dict[str, Tensor],
+    critic_states: dict[str, Tensor],
+    starts: Tensor,
+    noise: dict[str, Tensor],
+    tracker: EpisodeTracker,
+) -> tuple[Acted, dict[str, Tensor], dict[str, Tensor], dict[str, Tensor], EnvStep]:
+    """:func:`policy_step`, then the env's step on its actions
+    (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_step`) and the episode tracker's record of
+    it: one env step of data collection as one function, which the compiled path compiles as
+    one graph (one call and a few fused kernels instead of about a hundred small ops). Returns
+    :func:`policy_step`'s results and the env's :class:`EnvStep`."""
+    acted, critic_x, values, new_critic = policy_step(
+        policy, step, actor_states, critic_states, starts, noise
+    )
+    next_step = env_step(acted.env_actions)
+    tracker.record(next_step)
+    return acted, critic_x, values, new_critic, next_step
+
+
 @dataclass
 class Collector:
     """Steps an env with a policy and fills a :class:`Rollout`; keeps the state between calls.
@@ -192,6 +215,9 @@ class Collector:
     bootstrap: bool = False
     step_fn: Callable[..., Any] | None = None
     """:func:`policy_step` or its compiled form (``None``: the function itself)."""
+    fused_fn: Callable[..., Any] | None = None
+    """The compiled :func:`fused_step`, used on the steps the env lets it trace (``None``:
+    policy and env step separately, always)."""
 
     @torch.no_grad()
     def collect(self) -> Rollout:
@@ -217,9 +243,24 @@ class Collector:
                 if stepwise[name]:
                     buf.critic_state[t] = self.critic_states[name]
             noise = policy.draw_noise(E, self.generator)
-            acted, critic_x, values, self.critic_states = step_fn(
-                policy, self.step, self.actor_states, self.critic_states, self.starts, noise
-            )
+            traced = self.env.claim_traced_step() if self.fused_fn is not None else None
+            if traced is not None:
+                acted, critic_x, values, self.critic_states, self.step = self.fused_fn(
+                    policy,
+                    traced,
+                    self.step,
+                    self.actor_states,
+                    self.critic_states,
+                    self.starts,
+                    noise,
+                    self.tracker,
+                )
+            else:
+                acted, critic_x, values, self.critic_states = step_fn(
+                    policy, self.step, self.actor_states, self.critic_states, self.starts, noise
+                )
+                self.step = self.env.step(acted.env_actions)
+                self.tracker.record(self.step)
             self.actor_states = acted.states
             for name, buf in ro.groups.items():
                 buf.actions[t] = acted.actions[name]
@@ -227,9 +268,6 @@ class Collector:
                 buf.critic_x[t] = critic_x[name]
                 if stepwise[name]:
                     buf.values[t] = values[name]
-            self.step = self.env.step(acted.env_actions)
-            self.tracker.record(self.step)
-            for name, buf in ro.groups.items():
                 buf.rewards[t] = self.step.reward[name]
                 if self.bootstrap:
                     # V(final observation) with the recurrent state that would have continued

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import abc
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -122,6 +123,17 @@ class BatchedEnv(abc.ABC):
     def _step(self, actions: dict[str, Tensor]) -> EnvStep:
         """``step`` without the input checks; actions are ``[E, n, k]`` int64 (``[E, n, d]``
         float32 for continuous groups) on the device."""
+
+    def claim_traced_step(self) -> Callable[[dict[str, Tensor]], EnvStep] | None:
+        """Optional, for the compiled rollout (``compile=on``): a function that computes the
+        next step as pure tensor code, to be traced into one graph with the policy, or ``None``
+        where the next step must go through :meth:`step` (the default).
+
+        A returned function must be called exactly once, in place of :meth:`step`, with
+        actions that need no checks: the env has already counted the step in any host-side
+        bookkeeping it keeps. The particle world offers it on every step where no episode ends
+        (resets draw random numbers, which cannot enter a graph)."""
+        return None
 
     @abc.abstractmethod
     def get_state(self) -> dict[str, Tensor]:

@@ -46,6 +46,7 @@ so treat both as read-only.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,6 +130,16 @@ def planar_norm(x: Tensor, y: Tensor) -> Tensor:
     """``sqrt(x^2 + y^2)`` elementwise: the length of 2-D vectors given their coordinates
     (faster than ``torch.hypot`` on a CPU, which guards against overflow we cannot reach)."""
     return torch.addcmul(x * x, y, y).sqrt_()
+
+
+def sub_into(out: Tensor, a: Tensor, b: Tensor) -> None:
+    """``out[...] = a - b`` for a strided view ``out``: ``torch.sub(out=)`` eagerly (no
+    temporary), a copy inside a compiled graph (which cannot trace ``out=`` into a
+    non-contiguous view; inductor fuses the subtraction into the copy)."""
+    if torch.compiler.is_compiling():
+        out.copy_(a - b)
+    else:
+        torch.sub(a, b, out=out)
 
 
 def _to_internal(x: Tensor) -> Tensor:
@@ -369,26 +380,15 @@ class ParticleEnv(BatchedEnv):
 
     @torch.no_grad()
     def _step(self, actions: dict[str, Tensor]) -> EnvStep:
+        self._now += 1
+        if self._now % self.episode_length not in self._end_phases:
+            return self._plain_step(actions)
+        # Some env reaches the time limit on this step: a truncation, not a terminal state.
         moves, messages = self._split_actions(actions)
         self._advance(moves, messages)
         obs, state = self._observe()
         reward, stats = self._reward_and_stats()
-        self._now += 1
         e = self.num_envs
-        if self._now % self.episode_length not in self._end_phases:
-            done = torch.zeros(e, dtype=torch.bool, device=self.device)
-            return EnvStep(
-                obs=obs,
-                state=state,
-                reward=reward,
-                terminated=done,
-                truncated=done.clone(),
-                alive=self._alive(),
-                final_obs=obs,
-                final_state=state,
-                stats=stats,
-            )
-        # Some env reaches the time limit on this step: a truncation, not a terminal state.
         truncated = self._state["step"] >= self.episode_length
         self._reset_envs(truncated)
         new_obs, new_state = self._observe()
@@ -403,6 +403,34 @@ class ParticleEnv(BatchedEnv):
             final_state=state,
             stats=stats,
         )
+
+    def _plain_step(self, actions: dict[str, Tensor]) -> EnvStep:
+        """A step at which no episode ends: tensor code only (no random numbers, no host
+        reads), so the compiled rollout can trace it (:meth:`claim_traced_step`)."""
+        moves, messages = self._split_actions(actions)
+        self._advance(moves, messages)
+        obs, state = self._observe()
+        reward, stats = self._reward_and_stats()
+        done = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+        return EnvStep(
+            obs=obs,
+            state=state,
+            reward=reward,
+            terminated=done,
+            truncated=done.clone(),
+            alive=self._alive(),
+            final_obs=obs,
+            final_state=state,
+            stats=stats,
+        )
+
+    def claim_traced_step(self) -> Callable[[dict[str, Tensor]], EnvStep] | None:
+        """:meth:`_plain_step` when no env ends its episode on the next step and actions are
+        not checked (the time limit is the only episode end, known on the host)."""
+        if self.validate_actions or (self._now + 1) % self.episode_length in self._end_phases:
+            return None
+        self._now += 1
+        return self._plain_step
 
     def get_state(self) -> dict[str, Tensor]:
         """The full simulator state in the public layout (see :meth:`state_fields`), clones."""

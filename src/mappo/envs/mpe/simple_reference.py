@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from mappo.envs.base import EnvError, EnvSpec, GroupSpec
-from mappo.envs.mpe.core import ParticleEnv, StateField, WorldSpec
+from mappo.envs.mpe.core import ParticleEnv, StateField, WorldSpec, sub_into
 from mappo.envs.mpe.params import check_choice, check_int, check_unit_interval
 
 LANDMARK_COLORS = ((0.75, 0.25, 0.25), (0.25, 0.75, 0.25), (0.25, 0.25, 0.75))
@@ -128,9 +128,7 @@ class SimpleReference(ParticleEnv):
         n, e, buf = 2, self.num_envs, self._buf
         pos = s["agent_pos"].transpose(0, 1)  # [N, 2, E]
         buf[:, 0:2] = s["agent_vel"].transpose(0, 1)
-        torch.sub(
-            s["landmark_pos"].transpose(0, 1).unsqueeze(0), pos.unsqueeze(1), out=self._lm_rel
-        )
+        sub_into(self._lm_rel, s["landmark_pos"].transpose(0, 1).unsqueeze(0), pos.unsqueeze(1))
         goal_color = self._colors.index_select(1, s["goal_landmark"].reshape(-1)).view(3, n, e)
         self._goal_color.copy_(goal_color.transpose(0, 1))
         self._heard.copy_(s["agent_comm"].index_select(1, self._other).transpose(0, 1))

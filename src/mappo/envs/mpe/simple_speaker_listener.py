@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from mappo.envs.base import EnvSpec, GroupSpec
-from mappo.envs.mpe.core import ParticleEnv, StateField, WorldSpec
+from mappo.envs.mpe.core import ParticleEnv, StateField, WorldSpec, sub_into
 from mappo.envs.mpe.params import check_choice, check_int
 
 LANDMARK_COLORS = ((0.65, 0.15, 0.15), (0.15, 0.65, 0.15), (0.15, 0.15, 0.65))
@@ -114,7 +114,7 @@ class SimpleSpeakerListener(ParticleEnv):
         buf[0:3] = self._colors.index_select(1, s["goal_landmark"])
         buf[3:5] = s["agent_vel"][:, 1]
         listener = s["agent_pos"][:, 1]  # [2, E]
-        torch.sub(s["landmark_pos"].transpose(0, 1), listener.unsqueeze(0), out=self._lm_rel)
+        sub_into(self._lm_rel, s["landmark_pos"].transpose(0, 1), listener.unsqueeze(0))
         self._heard.copy_(s["agent_comm"][:, 0])
         state = buf.t().clone(memory_format=torch.contiguous_format)
         obs = {

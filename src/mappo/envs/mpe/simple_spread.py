@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from mappo.envs.base import EnvError, EnvSpec, GroupSpec
-from mappo.envs.mpe.core import ParticleEnv, StateField, WorldSpec
+from mappo.envs.mpe.core import ParticleEnv, StateField, WorldSpec, sub_into
 from mappo.envs.mpe.params import check_choice, check_int, check_unit_interval
 
 OCCUPIED_RADIUS = 0.1
@@ -150,10 +150,10 @@ class SimpleSpread(ParticleEnv):
         self._buf[:, 0:2] = s["agent_vel"].transpose(0, 1)
         self._buf[:, 2:4] = pos
         landmarks = s["landmark_pos"].transpose(0, 1)  # [L, 2, E]
-        torch.sub(landmarks.unsqueeze(0), pos.unsqueeze(1), out=self._lm_rel)
+        sub_into(self._lm_rel, landmarks.unsqueeze(0), pos.unsqueeze(1))
         if n > 1:
             others = pos.index_select(0, self._others).view(n, n - 1, 2, e)
-            torch.sub(others, pos.unsqueeze(1), out=self._other_rel)
+            sub_into(self._other_rel, others, pos.unsqueeze(1))
         state = self._buf.view(n * self.obs_dim, e).t().clone(memory_format=torch.contiguous_format)
         return {"agents": state.view(e, n, self.obs_dim)}, state
 
