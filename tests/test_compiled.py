@@ -223,6 +223,8 @@ def test_compile_setting_is_checked_and_read_from_yaml(tmp_path):
     assert wanted("off", torch.device("cpu")) is False
     assert wanted("on", torch.device("cpu")) is True
     assert wanted("auto", torch.device("cpu")) is False
+    assert wanted("auto", torch.device("cpu"), cpu_pays=True) is True
+    assert wanted("off", torch.device("cpu"), cpu_pays=True) is False
     assert wanted("auto", torch.device("cuda")) is True
     # YAML 1.1 reads on/off as booleans; the setting takes them as the words.
     path = tmp_path / "c.yaml"
@@ -351,3 +353,46 @@ def test_a_particle_world_claims_only_steps_where_no_episode_ends():
         ends.append((env.step(actions) if fn is None else fn(actions)).truncated.tolist())
     assert seen == [True, False, False, True, False, False]
     assert ends == [[False, False], [True, False], [False, True]] * 2
+
+
+def test_auto_compiles_long_particle_world_runs_on_the_cpu():
+    """``compile=auto`` on the CPU: compiled for runs of at least AUTO_CPU_STEPS of an env whose
+    step is traced with the policy, eager for shorter runs and for other envs."""
+    from mappo.compiled import AUTO_CPU_STEPS
+
+    def compiled(preset: str, steps: int, **extra) -> bool:
+        over = {**SMALL, "device": "cpu", "compile": "auto", "total_env_steps": steps, **extra}
+        trainer = Trainer(config_mod.load(preset, over))
+        try:
+            return trainer.learner.compiled
+        finally:
+            trainer.close()
+
+    assert compiled("mpe/simple_spread_fast", AUTO_CPU_STEPS) is True
+    assert compiled("mpe/simple_spread_fast", AUTO_CPU_STEPS - 1) is False
+    assert compiled("mpe/simple_spread_fast", AUTO_CPU_STEPS, compile="off") is False
+    assert compiled("smac/3m", AUTO_CPU_STEPS) is False  # its step is not traced
+
+
+def test_auto_falls_back_to_eager_when_compiling_fails(monkeypatch):
+    """Where torch cannot compile (no C++ compiler, an unsupported op), ``compile=auto`` warns
+    once per function and trains eagerly, learning exactly what ``compile=off`` learns;
+    ``compile=on`` raises the error."""
+
+    def broken(fn, **kwargs):
+        def fail(*args, **kw):
+            raise RuntimeError("no C++ compiler found")
+
+        return fail
+
+    over = {**SMALL, "device": "cpu", "total_env_steps": 2_000_000}
+    eager = _iterate("mpe/simple_spread_jaxmarl_ff", "off", over, iterations=2)
+    monkeypatch.setattr(torch, "compile", broken)
+    with pytest.warns(RuntimeWarning, match="compile=auto: compiling .* failed") as caught:
+        auto = _iterate("mpe/simple_spread_jaxmarl_ff", "auto", over, iterations=2)
+    names = sorted({str(w.message).split()[2] for w in caught})
+    assert names == ["fused_step", "loss_terms", "policy_step"], names
+    for k, v in eager[1].items():
+        assert torch.equal(auto[1][k], v), k
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
+        _iterate("mpe/simple_spread_jaxmarl_ff", "on", over, iterations=1)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -59,22 +60,33 @@ torch's fused recurrent kernel between resets instead (:class:`~mappo.nn.layers.
 """
 
 
-def wanted(setting: str, device: torch.device) -> bool:
-    """Whether ``compile=setting`` compiles on ``device``. ``auto`` compiles on CUDA only, where
+AUTO_CPU_STEPS = 1_000_000
+"""``compile=auto`` compiles on the CPU for runs of at least this many env steps (and an env
+whose step the rollout can trace): there the compiled path trained the particle-world presets
+1.4-1.7x faster than eager, which repays a cold compile of 15-60 s from about a million steps on
+(BENCHMARKS.md, "Compiled path"); shorter runs stay eager."""
+
+
+def wanted(setting: str, device: torch.device, cpu_pays: bool = False) -> bool:
+    """Whether ``compile=setting`` compiles on ``device``. ``auto`` compiles on CUDA, where
     launching many tiny kernels is the cost (on one H200 the GPU Spread preset's updates ran
-    5x faster compiled with CUDA graphs); on the CPU the compiled path measured 1.2-1.6x faster
-    on three of four particle-world presets, which does not repay a cold compile of 15-60 s on
-    short runs (BENCHMARKS.md)."""
+    5x faster compiled with CUDA graphs), and on the CPU where the caller says compiling pays
+    (``cpu_pays``: a long run of an env whose step is traced with the policy, see
+    :data:`AUTO_CPU_STEPS`)."""
     if setting not in SETTINGS:
         raise ConfigError(f"compile={setting!r} is not one of {', '.join(SETTINGS)}")
     if setting == "auto":
-        return device.type == "cuda"
+        return device.type == "cuda" or cpu_pays
     return setting == "on"
 
 
-def compile_fn(fn: Callable[..., Any], cuda_graphs: bool = False) -> Callable[..., Any]:
+def compile_fn(
+    fn: Callable[..., Any], cuda_graphs: bool = False, fallback: bool = False
+) -> Callable[..., Any]:
     """``fn`` compiled as one static-shape graph (``fullgraph``), replayed as a CUDA graph when
-    ``cuda_graphs`` (for functions whose tensors live on a CUDA device).
+    ``cuda_graphs`` (for functions whose tensors live on a CUDA device). With ``fallback``
+    (``compile=auto``), a call that fails where ``fn`` itself succeeds (no C++ compiler, an
+    operation torch cannot compile) warns once and runs ``fn`` eagerly from then on.
 
     Each call compiles a fresh copy of ``fn`` (a new code object): torch keeps its compiled
     graphs per code object and refuses after a few recompilations, which would otherwise come
@@ -96,16 +108,46 @@ def compile_fn(fn: Callable[..., Any], cuda_graphs: bool = False) -> Callable[..
     fresh.__kwdefaults__ = fn.__kwdefaults__
     fresh.__qualname__ = fn.__qualname__
     if not cuda_graphs:
-        return torch.compile(fresh, fullgraph=True, dynamic=False)
-    graph = torch.compile(fresh, fullgraph=True, dynamic=False, mode="reduce-overhead")
+        compiled = torch.compile(fresh, fullgraph=True, dynamic=False)
+    else:
+        graph = torch.compile(fresh, fullgraph=True, dynamic=False, mode="reduce-overhead")
 
-    def replay(*args: Any, **kwargs: Any) -> Any:
-        # A new step: outputs of earlier replays may be overwritten from here on, which is safe
-        # because each call below hands out copies, never the pool's own tensors.
-        torch.compiler.cudagraph_mark_step_begin()
-        return _copy_out(graph(*args, **kwargs))
+        def compiled(*args: Any, **kwargs: Any) -> Any:
+            # A new step: outputs of earlier replays may be overwritten from here on, which is
+            # safe because each call below hands out copies, never the pool's own tensors.
+            torch.compiler.cudagraph_mark_step_begin()
+            return _copy_out(graph(*args, **kwargs))
 
-    return replay
+    return _with_fallback(compiled, fn) if fallback else compiled
+
+
+def _with_fallback(compiled: Callable[..., Any], fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``compiled``, or ``fn`` once ``compiled`` has failed on arguments that ``fn`` accepts.
+
+    Compilation happens inside the first call with new shapes and fails before the graph
+    runs, so the arguments are untouched and ``fn`` can take the call over. An error that
+    ``fn`` raises too is the caller's, and is raised as ``fn`` raises it."""
+    active = [compiled]
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if active[0] is fn:
+            return fn(*args, **kwargs)
+        try:
+            return compiled(*args, **kwargs)
+        except Exception as err:
+            out = fn(*args, **kwargs)
+            active[0] = fn
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            warnings.warn(
+                f"compile=auto: compiling {fn.__name__} failed ({type(err).__name__}: {first}); "
+                "it runs eagerly from here on (compile=off skips compiling, compile=on makes "
+                "this an error)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return out
+
+    return call
 
 
 def _copy_out(x: Any) -> Any:

@@ -13,7 +13,13 @@ from typing import Any
 import torch
 
 from mappo.algos.mappo import Optimizers, loss_terms, make_samples, update
-from mappo.compiled import MAX_COMPILED_CHUNK, compile_fn, compile_seconds, wanted
+from mappo.compiled import (
+    AUTO_CPU_STEPS,
+    MAX_COMPILED_CHUNK,
+    compile_fn,
+    compile_seconds,
+    wanted,
+)
 from mappo.config import TrainConfig
 from mappo.envs.base import BatchedEnv
 from mappo.nn.actor_critic import ActorCritic
@@ -25,6 +31,14 @@ def generator(device: torch.device, seed: int) -> torch.Generator:
     g = torch.Generator(device=device)
     g.manual_seed(seed)
     return g
+
+
+def cpu_pays(cfg: TrainConfig, env: BatchedEnv) -> bool:
+    """Whether ``compile=auto`` compiles on the CPU: a run of at least
+    :data:`~mappo.compiled.AUTO_CPU_STEPS` env steps of an env whose step the compiled rollout
+    traces with the policy (where the gains were measured; BENCHMARKS.md)."""
+    traces = type(env).claim_traced_step is not BatchedEnv.claim_traced_step
+    return traces and cfg.total_env_steps >= AUTO_CPU_STEPS
 
 
 class PPOLearner:
@@ -59,18 +73,19 @@ class PPOLearner:
             bootstrap=cfg.algo.bootstrap_truncation,
         )
         # The compiled path (mappo.compiled): the same functions, compiled on first use.
-        self.compiled = wanted(cfg.compile, self.device)
+        self.compiled = wanted(cfg.compile, self.device, cpu_pays(cfg, env))
         self.terms_fn = None
         if self.compiled:
             graphs = self.device.type == "cuda"
-            self.collector.step_fn = compile_fn(policy_step, cuda_graphs=graphs)
+            fallback = cfg.compile == "auto"
+            self.collector.step_fn = compile_fn(policy_step, graphs, fallback)
             if not graphs:
                 # The env's step, the policy and the episode tracker as one graph wherever the
                 # env allows (CPU only so far: on CUDA the fused graph mutates the env's state
                 # in place, which torch does not replay as a CUDA graph; unmeasured there).
-                self.collector.fused_fn = compile_fn(fused_step)
+                self.collector.fused_fn = compile_fn(fused_step, fallback=fallback)
             if not self.recurrent or cfg.algo.data_chunk_length <= MAX_COMPILED_CHUNK:
-                self.terms_fn = compile_fn(loss_terms, cuda_graphs=graphs)
+                self.terms_fn = compile_fn(loss_terms, graphs, fallback)
         self._compile_start = compile_seconds() if self.compiled else 0.0
 
     @property

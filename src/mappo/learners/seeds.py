@@ -45,7 +45,7 @@ from mappo.config import ConfigError, TrainConfig
 from mappo.data import EnvStep, GroupBuffer, LazyGroups, Rollout, step_from_dict, step_to_dict
 from mappo.envs.base import BatchedEnv
 from mappo.envs.registry import make as make_env
-from mappo.learners.ppo import generator
+from mappo.learners.ppo import cpu_pays, generator
 from mappo.nn.actor_critic import ActorCritic
 from mappo.rollout import Collector, EpisodeTracker, allocate, policy_step
 
@@ -394,7 +394,11 @@ class StackedPolicy:
     :class:`ActorCritic` (``critics``, ``critic_input``, ``draw_noise``, a step function)."""
 
     def __init__(
-        self, policies: list[ActorCritic], generators: list[torch.Generator], compiled: bool
+        self,
+        policies: list[ActorCritic],
+        generators: list[torch.Generator],
+        compiled: bool,
+        fallback: bool = False,
     ) -> None:
         self.policies = policies
         self.template = policies[0]
@@ -418,7 +422,8 @@ class StackedPolicy:
         )
         if compiled:
             # (without CUDA graphs: replaying vmapped graphs on a GPU is not tested yet)
-            step, critic = compile_fn(step), compile_fn(critic)
+            step = compile_fn(step, fallback=fallback)
+            critic = compile_fn(critic, fallback=fallback)
         self._step, self.critic_fn = step, critic
         self.critics = {name: _SeedCritic(self, name) for name in self.template.critics}
 
@@ -566,8 +571,10 @@ class StackedPPOLearner:
         self.recurrent = cfg.model.recurrent != "none"
         self.sample_gens = [generator(self.device, c.seed + 1) for c in cfgs]
         self.shuffle_gens = [generator(torch.device("cpu"), c.seed + 2) for c in cfgs]
-        self.compiled = wanted(cfg.compile, self.device)
-        self.stacked = StackedPolicy(policies, self.sample_gens, self.compiled)
+        self.compiled = wanted(cfg.compile, self.device, cpu_pays(cfg, blocks.env_of(0)))
+        self.stacked = StackedPolicy(
+            policies, self.sample_gens, self.compiled, fallback=cfg.compile == "auto"
+        )
         a = cfg.algo
         named = self.stacked.params
         self.actor_params = [p for n, p in named.items() if n.startswith("actors.")]
@@ -637,7 +644,7 @@ class StackedPPOLearner:
 
             fn = vmap(run, randomness="error")
             if self._compile_loss:
-                fn = compile_fn(fn)
+                fn = compile_fn(fn, fallback=self.cfg.compile == "auto")
             self._loss_fns[padded] = fn
         return self._loss_fns[padded]
 
