@@ -30,6 +30,17 @@ def bench(preset: str, seeds: int, setting: str, args: argparse.Namespace) -> di
     return json.loads(out)
 
 
+def _median_ms(results: list[dict[str, Any]], key: str) -> float | None:
+    """Median of ``key`` in milliseconds; None where a run could not time it apart (the env
+    step compiled into the policy's graph)."""
+    values = [r[key] for r in results]
+    return None if None in values else statistics.median(values) * 1e3
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", nargs="+", default=["mpe/simple_spread_jaxmarl_ff"])
@@ -62,9 +73,8 @@ def main() -> None:
                 "steps_per_second": sps,
                 "per_seed": sps / n,
                 "vs_one_seed": sps / one,
-                "env_ms": statistics.median(r["env_seconds_per_iteration"] for r in results) * 1e3,
-                "acting_ms": statistics.median(r["acting_seconds_per_iteration"] for r in results)
-                * 1e3,
+                "env_ms": _median_ms(results, "env_seconds_per_iteration"),
+                "acting_ms": _median_ms(results, "acting_seconds_per_iteration"),
                 "update_ms": statistics.median(r["update_seconds_per_iteration"] for r in results)
                 * 1e3,
                 "compile_seconds": max(r["compile_seconds"] for r in results),
@@ -80,7 +90,7 @@ def main() -> None:
         print(
             f"| `{r['preset']}` | {r['compile']} | {r['num_seeds']} | "
             f"{r['steps_per_second']:,.0f} | {r['per_seed']:,.0f} | {r['vs_one_seed']:.2f} | "
-            f"{r['env_ms']:.0f} / {r['acting_ms']:.0f} / {r['update_ms']:.0f} | "
+            f"{_ms(r['env_ms'])} / {_ms(r['acting_ms'])} / {r['update_ms']:.0f} | "
             f"{r['compile_seconds']:.0f} |"
         )
 

@@ -299,6 +299,7 @@ def test_the_fused_rollout_step_equals_the_eager_one(preset):
         return fn
 
     compiled.env.claim_traced_step = counted
+    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for _ in range(2):
         rollouts = {mode: t.collector.collect() for mode, t in trainers.items()}
         eager, fused = rollouts["off"], rollouts["on"]
@@ -326,11 +327,21 @@ def test_the_fused_rollout_step_equals_the_eager_one(preset):
             torch.testing.assert_close(got_track[k], v, rtol=1e-5, atol=1e-5, msg=k)
     for group, obs in collectors["off"].step.obs.items():
         torch.testing.assert_close(collectors["on"].step.obs[group], obs, rtol=1e-5, atol=1e-5)
+    # One graph for the fused step and one for the policy step of the eager (reset) steps, also
+    # after a checkpoint round trip: nothing recompiles per step.
+    compiled.load_state_dict(compiled.state_dict(), fallback_seed=0)
+    compiled.env.claim_traced_step = claim
+    trainers["on"].collector.collect()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 2
     for t in trainers.values():
         t.close()
 
 
 def test_a_particle_world_claims_only_steps_where_no_episode_ends():
+    """The particle world hands out a traced step only where no env reaches the time limit and
+    actions are not checked, also when its envs end on different steps; a subclass with its own
+    ``_step`` is never traced."""
+    from mappo.envs.mpe.simple_spread import SimpleSpread
     from mappo.envs.registry import make
 
     env = make("mpe/simple_spread", num_envs=2, episode_length=3)
@@ -342,8 +353,10 @@ def test_a_particle_world_claims_only_steps_where_no_episode_ends():
     for _ in range(7):
         fn = env.claim_traced_step()
         seen.append(fn is not None)
-        step = env.step(actions) if fn is None else fn(actions)
-        assert not bool(step.truncated.any()) if fn is not None else bool(step.truncated.all())
+        if fn is None:
+            assert bool(env.step(actions).truncated.all())
+        else:
+            assert not bool(fn(actions).truncated.any())
     assert seen == [True, True, False, True, True, False, True]
     env.set_state({"step": torch.tensor([1, 0])})  # the envs now end on different steps
     seen, ends = [], []
@@ -353,6 +366,14 @@ def test_a_particle_world_claims_only_steps_where_no_episode_ends():
         ends.append((env.step(actions) if fn is None else fn(actions)).truncated.tolist())
     assert seen == [True, False, False, True, False, False]
     assert ends == [[False, False], [True, False], [False, True]] * 2
+
+    class Terminating(SimpleSpread):
+        def _step(self, actions):
+            return super()._step(actions)
+
+    own = Terminating(num_envs=2)
+    own.validate_actions = False
+    assert own.claim_traced_step() is None
 
 
 def test_auto_compiles_long_particle_world_runs_on_the_cpu():
@@ -369,6 +390,10 @@ def test_auto_compiles_long_particle_world_runs_on_the_cpu():
             trainer.close()
 
     assert compiled("mpe/simple_spread_fast", AUTO_CPU_STEPS) is True
+    over = {**SMALL, "device": "cpu", "compile": "auto", "total_env_steps": AUTO_CPU_STEPS}
+    trainer = Trainer(config_mod.load("mpe/simple_spread_fast", over))
+    assert trainer.learner.collector.fused_fn is not None  # the env step joins the graph
+    trainer.close()
     assert compiled("mpe/simple_spread_fast", AUTO_CPU_STEPS - 1) is False
     assert compiled("mpe/simple_spread_fast", AUTO_CPU_STEPS, compile="off") is False
     assert compiled("smac/3m", AUTO_CPU_STEPS) is False  # its step is not traced
@@ -390,9 +415,28 @@ def test_auto_falls_back_to_eager_when_compiling_fails(monkeypatch):
     monkeypatch.setattr(torch, "compile", broken)
     with pytest.warns(RuntimeWarning, match="compile=auto: compiling .* failed") as caught:
         auto = _iterate("mpe/simple_spread_jaxmarl_ff", "auto", over, iterations=2)
-    names = sorted({str(w.message).split()[2] for w in caught})
-    assert names == ["fused_step", "loss_terms", "policy_step"], names
+    names = sorted(str(w.message).split()[2] for w in caught)
+    assert names == ["fused_step", "loss_terms", "policy_step"], names  # once each
     for k, v in eager[1].items():
         assert torch.equal(auto[1][k], v), k
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
         _iterate("mpe/simple_spread_jaxmarl_ff", "on", over, iterations=1)
+
+
+def test_the_bench_does_not_split_off_an_env_step_compiled_with_the_policy():
+    """`mappo bench train` times the env by wrapping its ``step``; with the env's step inside
+    the fused graph it reports the rollout whole instead of a wrong env / acting split."""
+    from mappo.bench.train import format_report, run_train_bench
+
+    over = {**SMALL, "device": "cpu"}
+    for setting in ("off", "on"):
+        cfg = config_mod.load("mpe/simple_spread_jaxmarl_ff", {**over, "compile": setting})
+        report = run_train_bench(cfg, iterations=1)
+        text = format_report(report)
+        if setting == "off":
+            assert 0 < report["env_seconds_per_iteration"] < report["rollout_seconds_per_iteration"]
+            assert "env / acting / update" in text
+        else:
+            assert report["env_seconds_per_iteration"] is None
+            assert report["acting_seconds_per_iteration"] is None
+            assert "env step compiled with the policy" in text

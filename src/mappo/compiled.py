@@ -62,8 +62,9 @@ torch's fused recurrent kernel between resets instead (:class:`~mappo.nn.layers.
 
 AUTO_CPU_STEPS = 1_000_000
 """``compile=auto`` compiles on the CPU for runs of at least this many env steps (and an env
-whose step the rollout can trace): there the compiled path trained the particle-world presets
-1.4-1.7x faster than eager, which repays a cold compile of 15-60 s from about a million steps on
+whose step the rollout can trace): there the compiled path trained seven particle-world presets
+1.3-1.7x faster than eager (medians; 2 threads), which repays a cold compile of 15-70 s within
+one to a few million steps, and a compile from torch's warm on-disk cache (seconds) at once
 (BENCHMARKS.md, "Compiled path"); shorter runs stay eager."""
 
 
@@ -126,17 +127,20 @@ def _with_fallback(compiled: Callable[..., Any], fn: Callable[..., Any]) -> Call
 
     Compilation happens inside the first call with new shapes and fails before the graph
     runs, so the arguments are untouched and ``fn`` can take the call over. An error that
-    ``fn`` raises too is the caller's, and is raised as ``fn`` raises it."""
-    active = [compiled]
+    ``fn`` raises too is the caller's, and is raised as ``fn`` raises it. A loss's backward
+    graph is compiled later, in ``backward()`` outside this call; a failure there (with the
+    forward compiled) is not caught. A missing C++ compiler fails the forward first."""
+    use_eager = False
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        if active[0] is fn:
+        nonlocal use_eager
+        if use_eager:
             return fn(*args, **kwargs)
         try:
             return compiled(*args, **kwargs)
         except Exception as err:
             out = fn(*args, **kwargs)
-            active[0] = fn
+            use_eager = True
             first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             warnings.warn(
                 f"compile=auto: compiling {fn.__name__} failed ({type(err).__name__}: {first}); "

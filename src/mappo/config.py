@@ -318,9 +318,9 @@ class TrainConfig:
         "off",
         "torch.compile the rollout step and the loss (mappo; recurrent chunks over 32 steps keep "
         "the loss eager; on CUDA also replayed as CUDA graphs): 'off' (eager, the reference), "
-        "'on', or 'auto' (on CUDA, and on the CPU for runs of 1M+ env steps of an env whose step "
-        "is compiled with the policy, the particle world; eager where compiling fails; the "
-        "gains are measured in BENCHMARKS.md).",
+        "'on', or 'auto' (on CUDA, and on the CPU for runs of 1M+ env steps of an env that "
+        "offers traced steps, the particle world; eager where compiling fails; the gains are "
+        "measured in BENCHMARKS.md).",
         choices=("off", "on", "auto"),
     )
     eval_interval: int = _field(

@@ -131,8 +131,13 @@ class BatchedEnv(abc.ABC):
 
         A returned function must be called exactly once, in place of :meth:`step`, with
         actions that need no checks: the env has already counted the step in any host-side
-        bookkeeping it keeps. The particle world offers it on every step where no episode ends
-        (resets draw random numbers, which cannot enter a graph)."""
+        bookkeeping it keeps. Return the same function each time (a bound method) and let it
+        read no Python value that changes from step to step (a counter, a flag): the compiled
+        graph is specialised on such values and would be recompiled on every step. The action
+        masks of a traced step are not remembered for :meth:`check_action_masks`, so an env
+        with action masks should only offer it while ``validate_actions`` is off. The particle
+        world offers it on every step where no episode ends (resets draw random numbers,
+        which cannot enter a graph)."""
         return None
 
     @abc.abstractmethod

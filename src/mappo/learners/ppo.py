@@ -35,10 +35,12 @@ def generator(device: torch.device, seed: int) -> torch.Generator:
 
 def cpu_pays(cfg: TrainConfig, env: BatchedEnv) -> bool:
     """Whether ``compile=auto`` compiles on the CPU: a run of at least
-    :data:`~mappo.compiled.AUTO_CPU_STEPS` env steps of an env whose step the compiled rollout
-    traces with the policy (where the gains were measured; BENCHMARKS.md)."""
+    :data:`~mappo.compiled.AUTO_CPU_STEPS` env steps on the CPU of an env that offers traced
+    steps (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_step`, the particle world), where the
+    gains were measured, for one run (its step compiled with the policy) and for stacked seeds
+    (BENCHMARKS.md, "Compiled path" and "Many seeds")."""
     traces = type(env).claim_traced_step is not BatchedEnv.claim_traced_step
-    return traces and cfg.total_env_steps >= AUTO_CPU_STEPS
+    return env.device.type == "cpu" and traces and cfg.total_env_steps >= AUTO_CPU_STEPS
 
 
 class PPOLearner:
@@ -79,7 +81,7 @@ class PPOLearner:
             graphs = self.device.type == "cuda"
             fallback = cfg.compile == "auto"
             self.collector.step_fn = compile_fn(policy_step, graphs, fallback)
-            if not graphs:
+            if self.device.type == "cpu":
                 # The env's step, the policy and the episode tracker as one graph wherever the
                 # env allows (CPU only so far: on CUDA the fused graph mutates the env's state
                 # in place, which torch does not replay as a CUDA graph; unmeasured there).

@@ -19,9 +19,10 @@ Envs that can split their random draws by seed (the particle world's ``seed_bloc
 seeds in one call; others are stepped one seed after another, since an env's draws must come
 from its own seed's generator for the runs to be exact. The networks, the sampling and the
 update are shared calls; the returns and the ValueNorm/PopArt statistics are computed per seed.
-With ``compile=on`` the vmapped step and loss are compiled (``torch.compile``, one graph each;
-not yet replayed as CUDA graphs). Only the PPO family (mappo, ippo and their recurrent forms)
-trains this way.
+With ``compile=on`` (or ``auto`` where it compiles, :func:`mappo.learners.ppo.cpu_pays`) the
+vmapped step and loss are compiled (``torch.compile``, one graph each; not yet replayed as CUDA
+graphs; the env still steps eagerly between them). Only the PPO family (mappo, ippo and their
+recurrent forms) trains this way.
 
 Shapes: ``N`` seeds, ``E`` envs per seed; the collector sees ``N * E`` envs, seed ``k`` owning
 rows ``k * E`` to ``(k + 1) * E - 1``.
@@ -414,6 +415,7 @@ class StackedPolicy:
                 state = {prefix + k: v for k, v in {**params, **buffers}.items()}
                 return functional_call(module, state, args)
 
+            run.__name__ = f"stacked{fn.__name__}"  # names it in compile=auto's warnings
             return run
 
         step = vmap(call(_policy_step), in_dims=0, randomness="error")
@@ -642,6 +644,7 @@ class StackedPPOLearner:
                 state = {"policy." + k: v for k, v in {**params, **buffers}.items()}
                 return functional_call(module, state, (batch,))
 
+            run.__name__ = "stacked_loss_terms"  # names it in compile=auto's warnings
             fn = vmap(run, randomness="error")
             if self._compile_loss:
                 fn = compile_fn(fn, fallback=self.cfg.compile == "auto")

@@ -426,7 +426,10 @@ class ParticleEnv(BatchedEnv):
 
     def claim_traced_step(self) -> Callable[[dict[str, Tensor]], EnvStep] | None:
         """:meth:`_plain_step` when no env ends its episode on the next step and actions are
-        not checked (the time limit is the only episode end, known on the host)."""
+        not checked (the time limit is the only episode end, known on the host). A subclass
+        that overrides ``_step`` (another way to end episodes, say) is never traced."""
+        if type(self)._step is not ParticleEnv._step:
+            return None
         if self.validate_actions or (self._now + 1) % self.episode_length in self._end_phases:
             return None
         self._now += 1
