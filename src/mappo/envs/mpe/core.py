@@ -384,10 +384,7 @@ class ParticleEnv(BatchedEnv):
         if self._now % self.episode_length not in self._end_phases:
             return self._plain_step(actions)
         # Some env reaches the time limit on this step: a truncation, not a terminal state.
-        moves, messages = self._split_actions(actions)
-        self._advance(moves, messages)
-        obs, state = self._observe()
-        reward, stats = self._reward_and_stats()
+        obs, state, reward, stats = self._world_step(actions)
         e = self.num_envs
         truncated = self._state["step"] >= self.episode_length
         self._reset_envs(truncated)
@@ -404,13 +401,21 @@ class ParticleEnv(BatchedEnv):
             stats=stats,
         )
 
-    def _plain_step(self, actions: dict[str, Tensor]) -> EnvStep:
-        """A step at which no episode ends: tensor code only (no random numbers, no host
-        reads), so the compiled rollout can trace it (:meth:`claim_traced_step`)."""
+    def _world_step(
+        self, actions: dict[str, Tensor]
+    ) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor], dict[str, Tensor]]:
+        """Advance the world by ``actions``; the observations, global state, rewards and episode
+        statistics of the state reached (rewards read what ``_observe`` just wrote)."""
         moves, messages = self._split_actions(actions)
         self._advance(moves, messages)
         obs, state = self._observe()
         reward, stats = self._reward_and_stats()
+        return obs, state, reward, stats
+
+    def _plain_step(self, actions: dict[str, Tensor]) -> EnvStep:
+        """A step at which no episode ends: tensor code only (no random numbers, no host
+        reads), so the compiled rollout can trace it (:meth:`claim_traced_step`)."""
+        obs, state, reward, stats = self._world_step(actions)
         done = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
         return EnvStep(
             obs=obs,
