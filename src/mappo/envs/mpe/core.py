@@ -380,8 +380,9 @@ class ParticleEnv(BatchedEnv):
 
     @torch.no_grad()
     def _step(self, actions: dict[str, Tensor]) -> EnvStep:
+        ends = self._an_episode_ends_next()
         self._now += 1
-        if self._now % self.episode_length not in self._end_phases:
+        if not ends:
             return self._plain_step(actions)
         # Some env reaches the time limit on this step: a truncation, not a terminal state.
         obs, state, reward, stats = self._world_step(actions)
@@ -435,10 +436,14 @@ class ParticleEnv(BatchedEnv):
         that overrides ``_step`` (another way to end episodes, say) is never traced."""
         if type(self)._step is not ParticleEnv._step:
             return None
-        if self.validate_actions or (self._now + 1) % self.episode_length in self._end_phases:
+        if self.validate_actions or self._an_episode_ends_next():
             return None
         self._now += 1
         return self._plain_step
+
+    def _an_episode_ends_next(self) -> bool:
+        """Whether some env reaches the time limit on the next step (host-side phases)."""
+        return (self._now + 1) % self.episode_length in self._end_phases
 
     def get_state(self) -> dict[str, Tensor]:
         """The full simulator state in the public layout (see :meth:`state_fields`), clones."""
