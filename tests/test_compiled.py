@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from mappo import config as config_mod
+from mappo.algos.mappo import gradient_step, make_samples, update
 from mappo.compiled import _copy_out, compile_fn, wanted
 from mappo.config import ConfigError
 from mappo.nn.layers import RecurrentCore
@@ -72,6 +73,64 @@ def test_compiled_updates_equal_eager(preset, overrides):
     assert "compile_seconds" in compiled[0][0] and "compile_seconds" not in eager[0][0]
     assert compiled[0][0]["compile_seconds"] > 0
     _assert_same(eager, compiled)
+
+
+@pytest.mark.parametrize(
+    ("preset", "overrides"),
+    [
+        # recurrent, two groups, PopArt rescaling the value heads between steps; clipping on
+        ("mpe/simple_speaker_listener", {"algo.value_norm": "popart", "algo.max_grad_norm": 0.05}),
+        # feed-forward, unclipped, weight decay, a decayed learning rate
+        ("mpe/simple_spread_jaxmarl_ff", {"algo.max_grad_norm": None, "algo.weight_decay": 1e-3}),
+    ],
+)
+def test_the_gradient_step_equals_autograd_and_adam(preset, overrides):
+    """:func:`~mappo.algos.mappo.gradient_step` (the CPU's compiled step, run eagerly here) makes
+    the update that autograd, gradient clipping and ``torch.optim.Adam`` make: the same
+    parameters, Adam moments and step counts, losses and gradient norms, over two updates."""
+    cfg = config_mod.load(preset, {**SMALL, **overrides, "device": "cpu"})
+    runs = {}
+    for name, step_fn in (("eager", None), ("func", gradient_step)):
+        trainer = Trainer(cfg)
+        learner = trainer.learner
+        learner.optim.set_lr_fraction(0.5, cfg.algo)
+        losses = []
+        for _ in range(2):
+            rollout = learner.collector.collect()
+            samples = make_samples(learner.policy, rollout, cfg.algo, learner.recurrent)
+            losses.append(
+                update(
+                    learner.policy,
+                    samples,
+                    learner.optim,
+                    cfg.algo,
+                    learner.shuffle_gen,
+                    step_fn=step_fn,
+                )
+            )
+        runs[name] = (losses, learner.policy.state_dict(), learner.optim.state_dict())
+        trainer.close()
+    (loss_e, par_e, opt_e), (loss_f, par_f, opt_f) = runs["eager"], runs["func"]
+    for k, v in par_e.items():
+        torch.testing.assert_close(par_f[k], v, rtol=1e-5, atol=1e-6, msg=k)
+    for which in ("actor", "critic"):
+        for i, state in opt_e[which]["state"].items():
+            for k, v in state.items():
+                got = opt_f[which]["state"][i][k]
+                torch.testing.assert_close(got, v, rtol=1e-5, atol=1e-7, msg=f"{which} {i} {k}")
+    for got, want in zip(loss_f, loss_e, strict=True):
+        assert got.keys() == want.keys()
+        for k, v in want.items():
+            assert got[k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+
+
+def test_compile_on_takes_the_whole_gradient_step_as_one_graph_on_the_cpu():
+    cfg = config_mod.load(
+        "mpe/simple_spread_jaxmarl_ff", {**SMALL, "device": "cpu", "compile": "on"}
+    )
+    trainer = Trainer(cfg)
+    assert trainer.learner.step_fn is not None and trainer.learner.terms_fn is None
+    trainer.close()
 
 
 @dataclasses.dataclass
@@ -416,7 +475,7 @@ def test_auto_falls_back_to_eager_when_compiling_fails(monkeypatch):
     with pytest.warns(RuntimeWarning, match="compile=auto: compiling .* failed") as caught:
         auto = _iterate("mpe/simple_spread_jaxmarl_ff", "auto", over, iterations=2)
     names = sorted(str(w.message).split()[2] for w in caught)
-    assert names == ["fused_step", "loss_terms", "policy_step"], names  # once each
+    assert names == ["fused_step", "gradient_step", "policy_step"], names  # once each
     for k, v in eager[1].items():
         assert torch.equal(auto[1][k], v), k
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):

@@ -82,12 +82,16 @@ def wanted(setting: str, device: torch.device, cpu_pays: bool = False) -> bool:
 
 
 def compile_fn(
-    fn: Callable[..., Any], cuda_graphs: bool = False, fallback: bool = False
+    fn: Callable[..., Any],
+    cuda_graphs: bool = False,
+    fallback: bool = False,
+    eager: Callable[..., Any] | None = None,
 ) -> Callable[..., Any]:
     """``fn`` compiled as one static-shape graph (``fullgraph``), replayed as a CUDA graph when
     ``cuda_graphs`` (for functions whose tensors live on a CUDA device). With ``fallback``
-    (``compile=auto``), a call that fails where ``fn`` itself succeeds (no C++ compiler, an
-    operation torch cannot compile) warns once and runs ``fn`` eagerly from then on.
+    (``compile=auto``), a call that fails where the eager function succeeds (no C++ compiler, an
+    operation torch cannot compile) warns once and runs the eager function from then on:
+    ``eager``, a function of the same arguments and results, or ``fn`` itself.
 
     Each call compiles a fresh copy of ``fn`` (a new code object): torch keeps its compiled
     graphs per code object and refuses after a few recompilations, which would otherwise come
@@ -119,17 +123,21 @@ def compile_fn(
             torch.compiler.cudagraph_mark_step_begin()
             return _copy_out(graph(*args, **kwargs))
 
-    return _with_fallback(compiled, fn) if fallback else compiled
+    return _with_fallback(compiled, eager or fn, fn.__name__) if fallback else compiled
 
 
-def _with_fallback(compiled: Callable[..., Any], fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``compiled``, or ``fn`` once ``compiled`` has failed on arguments that ``fn`` accepts.
+def _with_fallback(
+    compiled: Callable[..., Any], fn: Callable[..., Any], name: str
+) -> Callable[..., Any]:
+    """``compiled``, or ``fn`` once ``compiled`` (of the function called ``name``) has failed
+    on arguments that ``fn`` accepts.
 
     Compilation happens inside the first call with new shapes and fails before the graph
     runs, so the arguments are untouched and ``fn`` can take the call over. An error that
-    ``fn`` raises too is the caller's, and is raised as ``fn`` raises it. A loss's backward
-    graph is compiled later, in ``backward()`` outside this call; a failure there (with the
-    forward compiled) is not caught. A missing C++ compiler fails the forward first."""
+    ``fn`` raises too is the caller's, and is raised as ``fn`` raises it. Where the loss alone
+    is compiled (CUDA), its backward graph is compiled later, in ``backward()`` outside this
+    call; a failure there (with the forward compiled) is not caught. A missing C++ compiler
+    fails the forward first."""
     use_eager = False
 
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -143,7 +151,7 @@ def _with_fallback(compiled: Callable[..., Any], fn: Callable[..., Any]) -> Call
             use_eager = True
             first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             warnings.warn(
-                f"compile=auto: compiling {fn.__name__} failed ({type(err).__name__}: {first}); "
+                f"compile=auto: compiling {name} failed ({type(err).__name__}: {first}); "
                 "it runs eagerly from here on (compile=off skips compiling, compile=on makes "
                 "this an error)",
                 RuntimeWarning,

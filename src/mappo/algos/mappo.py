@@ -260,6 +260,132 @@ def grad_norm(params: list[Tensor], max_norm: float | None) -> Tensor:
     return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
 
 
+class LossModule(torch.nn.Module):
+    """:func:`loss_terms` as a module's forward, so that :func:`torch.func.functional_call` can
+    run it on given parameters (:func:`gradient_step`). Holds the policy, adds nothing."""
+
+    def __init__(self, policy: ActorCritic, cfg: AlgoConfig) -> None:
+        super().__init__()
+        self.policy = policy
+        self.cfg = cfg
+
+    def forward(self, batch: Samples) -> dict[str, Tensor]:
+        return loss_terms(self.policy, batch, self.cfg)
+
+
+@dataclass
+class AdamSlots:
+    """The tensors one gradient step reads and writes, in the order of
+    ``LossModule.named_parameters()``: the parameters, and the Adam state torch keeps for each
+    (first and second moments, the step count), so that a checkpoint is the same whichever path
+    trained. ``networks`` lists ``(group, "actor" | "critic", indices)``: the parameters clipped
+    together. ``lrs`` is ``[actor lr, critic lr]``, a tensor so that a decaying rate does not
+    recompile the step."""
+
+    names: tuple[str, ...]
+    params: list[Tensor]
+    exp_avg: list[Tensor]
+    exp_avg_sq: list[Tensor]
+    steps: list[Tensor]
+    networks: tuple[tuple[str, str, tuple[int, ...]], ...]
+    lrs: Tensor
+    optimizers: Optimizers  # whose state the lists above are; for the eager fallback
+
+    @classmethod
+    def of(cls, loss: LossModule, optimizers: Optimizers) -> AdamSlots:
+        """The slots of ``loss``'s parameters in ``optimizers``' state, creating the state as
+        ``torch.optim.Adam`` does on its first step where it is missing. Called once per update:
+        loading a checkpoint replaces the state's tensors."""
+        names, params, avg, sq, steps = [], [], [], [], []
+        networks: dict[tuple[str, str], list[int]] = {}
+        by_param = {}
+        for opt in (optimizers.actor, optimizers.critic):
+            group = opt.param_groups[0]
+            if group["amsgrad"] or group["maximize"] or len(opt.param_groups) != 1:
+                raise ValueError("the fused gradient step implements plain Adam only")
+            for p in group["params"]:
+                by_param[p] = opt
+        for i, (name, p) in enumerate(loss.named_parameters()):
+            opt = by_param[p]
+            state = opt.state[p]
+            if not state:
+                # torch.optim.Adam's own initial state (a float32 step count, on the
+                # parameter's device for fused Adam), so that either path resumes the other.
+                fused = bool(opt.param_groups[0].get("fused"))
+                where = p.device if fused else None
+                state["step"] = torch.zeros((), dtype=torch.float32, device=where)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            names.append(name)
+            params.append(p)
+            avg.append(state["exp_avg"])
+            sq.append(state["exp_avg_sq"])
+            steps.append(state["step"])
+            _, kind, group_name = name.split(".")[:3]  # policy.actors.<group>. ...
+            networks.setdefault((group_name, kind[:-1]), []).append(i)
+        lrs = torch.tensor(
+            [optimizers.actor.param_groups[0]["lr"], optimizers.critic.param_groups[0]["lr"]],
+            dtype=torch.float32,
+        )
+        return cls(
+            tuple(names),
+            params,
+            avg,
+            sq,
+            steps,
+            tuple((g, kind, tuple(idx)) for (g, kind), idx in networks.items()),
+            lrs,
+            optimizers,
+        )
+
+
+def gradient_step(
+    loss: LossModule,
+    slots: AdamSlots,
+    batch: Samples,
+    max_grad_norm: float | None,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+) -> dict[str, Tensor]:
+    """One mini-batch's whole step as a pure-tensor function: the loss terms and their
+    gradients (:func:`torch.func.grad`), each network's gradient-norm clipping and Adam, with the
+    parameters and Adam's state updated in place. The same arithmetic as the eager step
+    (``backward``, :func:`grad_norm`, ``torch.optim.Adam``), written so that ``torch.compile``
+    makes it one graph: on the CPU the eager step's few hundred small calls per mini-batch
+    (autograd's engine, zeroing, clipping, the optimisers) cost more than the small networks'
+    arithmetic. Returns the loss terms and grad norms, as the eager loop records them."""
+
+    def total(params: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        terms = torch.func.functional_call(loss, params, (batch,))
+        return terms["actor_loss"] + terms["critic_loss"], terms
+
+    params = dict(zip(slots.names, slots.params, strict=True))
+    grads, terms = torch.func.grad(total, has_aux=True)(params)
+    out = {k: v.detach() for k, v in terms.items()}
+    beta1, beta2 = betas
+    with torch.no_grad():
+        for group, kind, idx in slots.networks:
+            g = [grads[slots.names[i]] for i in idx]
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(x) for x in g]))
+            if max_grad_norm is not None:
+                # torch.nn.utils.clip_grad_norm_'s rule.
+                coef = torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0)
+                g = [x * coef for x in g]
+            out[f"{group}/{kind}_grad_norm"] = norm
+            lr = slots.lrs[0 if kind == "actor" else 1]
+            for i, grad in zip(idx, g, strict=True):
+                p, step = slots.params[i], slots.steps[i]
+                if weight_decay:
+                    grad = grad + weight_decay * p
+                step.add_(1.0)
+                slots.exp_avg[i].lerp_(grad, 1.0 - beta1)
+                slots.exp_avg_sq[i].mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+                denom = slots.exp_avg_sq[i].sqrt() / (1.0 - beta2**step).sqrt() + eps
+                p.sub_(lr / (1.0 - beta1**step) * slots.exp_avg[i] / denom)
+    return out
+
+
 def update(
     policy: ActorCritic,
     samples: Samples,
@@ -267,18 +393,23 @@ def update(
     cfg: AlgoConfig,
     generator: torch.Generator,
     terms_fn: Callable[..., dict[str, Tensor]] | None = None,
+    step_fn: Callable[..., dict[str, Tensor]] | None = None,
 ) -> dict[str, float]:
     """``cfg.epochs`` passes of ``cfg.num_minibatches`` mini-batches over ``samples``.
 
     ``terms_fn`` computes a mini-batch's loss terms (:func:`loss_terms` when ``None``; the
-    compiled path passes its compiled form). Returns the mean over mini-batches of the loss terms
-    and diagnostics.
+    compiled path passes its compiled form). ``step_fn``, when given, replaces the whole eager
+    step after the normaliser update (:func:`gradient_step`, compiled). Returns the mean over
+    mini-batches of the loss terms and diagnostics.
     """
     M = samples.starts.shape[1]
     sums: dict[str, Tensor] = {}
     batches = 0
-    actor_params = {g: [p for p in a.parameters()] for g, a in policy.actors.items()}
-    critic_params = {g: [p for p in c.parameters()] for g, c in policy.critics.items()}
+    if step_fn is not None:
+        loss = LossModule(policy, cfg)
+        slots = AdamSlots.of(loss, optimizers)
+        group = optimizers.actor.param_groups[0]
+        hyper = (cfg.max_grad_norm, tuple(group["betas"]), group["eps"], group["weight_decay"])
 
     for _ in range(cfg.epochs):
         if cfg.num_minibatches == 1:
@@ -289,19 +420,44 @@ def update(
             order = torch.randperm(M, generator=generator).to(samples.starts.device)
             batches_of_epoch = list(order.chunk(cfg.num_minibatches))
         for idx in batches_of_epoch:
-            terms = _minibatch_loss(policy, samples, idx, cfg, terms_fn)
-            optimizers.actor.zero_grad(set_to_none=True)
-            optimizers.critic.zero_grad(set_to_none=True)
-            (terms["actor_loss"] + terms["critic_loss"]).backward()
-            for g in policy.actors:
-                terms[f"{g}/actor_grad_norm"] = grad_norm(actor_params[g], cfg.max_grad_norm)
-                terms[f"{g}/critic_grad_norm"] = grad_norm(critic_params[g], cfg.max_grad_norm)
-            optimizers.actor.step()
-            optimizers.critic.step()
+            if step_fn is not None:
+                terms = step_fn(loss, slots, _normalized_batch(policy, samples, idx), *hyper)
+            else:
+                terms = _minibatch_loss(policy, samples, idx, cfg, terms_fn)
+                terms = _eager_step(terms, policy, optimizers, cfg.max_grad_norm)
             for k, v in terms.items():
                 sums[k] = sums.get(k, 0.0) + v.detach()
             batches += 1
     return {k: float(v) / batches for k, v in sums.items()}
+
+
+def _eager_step(
+    terms: dict[str, Tensor],
+    policy: ActorCritic,
+    optimizers: Optimizers,
+    max_grad_norm: float | None,
+) -> dict[str, Tensor]:
+    """Autograd's backward of a mini-batch's losses, each network's gradient-norm clipping and
+    the optimisers' steps; ``terms`` with the gradient norms added."""
+    optimizers.actor.zero_grad(set_to_none=True)
+    optimizers.critic.zero_grad(set_to_none=True)
+    (terms["actor_loss"] + terms["critic_loss"]).backward()
+    for g in policy.actors:
+        for kind, nets in (("actor", policy.actors), ("critic", policy.critics)):
+            params = list(nets[g].parameters())
+            terms[f"{g}/{kind}_grad_norm"] = grad_norm(params, max_grad_norm)
+    optimizers.actor.step()
+    optimizers.critic.step()
+    return terms
+
+
+def eager_gradient_step(
+    loss: LossModule, slots: AdamSlots, batch: Samples, max_grad_norm: float | None, *_: Any
+) -> dict[str, Tensor]:
+    """:func:`gradient_step`'s eager counterpart, the step ``compile=off`` takes (autograd and
+    ``torch.optim.Adam``): where compiling :func:`gradient_step` fails under ``compile=auto``,
+    the run goes on with this, so it learns exactly what an eager run learns."""
+    return _eager_step(loss(batch), loss.policy, slots.optimizers, max_grad_norm)
 
 
 def _select(samples: Samples, idx: Tensor | None) -> Samples:
@@ -337,13 +493,19 @@ def _minibatch_loss(
     the value head in place, so this comes before the critic's forward pass, and outside
     ``terms_fn`` (:func:`loss_terms`, or its compiled form), which stays a pure function.
     """
+    return (terms_fn or loss_terms)(policy, _normalized_batch(policy, samples, idx), cfg)
+
+
+def _normalized_batch(policy: ActorCritic, samples: Samples, idx: Tensor | None) -> Samples:
+    """The chunks ``idx`` of ``samples``, after updating the critics' normalisers with their
+    returns (see :func:`_minibatch_loss`)."""
     batch = _select(samples, idx)
     valid = batch.valid
     for name, s in batch.groups.items():
         policy.critics[name].update_normalizer(
             s.returns[valid.bool()] if batch.padded else s.returns
         )
-    return (terms_fn or loss_terms)(policy, batch, cfg)
+    return batch
 
 
 def loss_terms(policy: ActorCritic, batch: Samples, cfg: AlgoConfig) -> dict[str, Tensor]:

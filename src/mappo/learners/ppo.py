@@ -12,7 +12,14 @@ from typing import Any
 
 import torch
 
-from mappo.algos.mappo import Optimizers, loss_terms, make_samples, update
+from mappo.algos.mappo import (
+    Optimizers,
+    eager_gradient_step,
+    gradient_step,
+    loss_terms,
+    make_samples,
+    update,
+)
 from mappo.compiled import (
     AUTO_CPU_STEPS,
     MAX_COMPILED_CHUNK,
@@ -77,6 +84,7 @@ class PPOLearner:
         # The compiled path (mappo.compiled): the same functions, compiled on first use.
         self.compiled = wanted(cfg.compile, self.device, cpu_pays(cfg, env))
         self.terms_fn = None
+        self.step_fn = None
         if self.compiled:
             graphs = self.device.type == "cuda"
             fallback = cfg.compile == "auto"
@@ -87,7 +95,15 @@ class PPOLearner:
                 # in place, which torch does not replay as a CUDA graph; unmeasured there).
                 self.collector.fused_fn = compile_fn(fused_step, fallback=fallback)
             if not self.recurrent or cfg.algo.data_chunk_length <= MAX_COMPILED_CHUNK:
-                self.terms_fn = compile_fn(loss_terms, graphs, fallback)
+                if self.device.type == "cpu":
+                    # The whole gradient step (loss, gradients, clipping, Adam) as one graph.
+                    # CPU only so far: CUDA replays the loss as a CUDA graph, and one that
+                    # mutates the parameters is unmeasured there.
+                    self.step_fn = compile_fn(
+                        gradient_step, fallback=fallback, eager=eager_gradient_step
+                    )
+                else:
+                    self.terms_fn = compile_fn(loss_terms, graphs, fallback)
         self._compile_start = compile_seconds() if self.compiled else 0.0
 
     @property
@@ -105,7 +121,15 @@ class PPOLearner:
         t1 = time.perf_counter()
         self.policy.train()
         samples = make_samples(self.policy, rollout, cfg.algo, self.recurrent)
-        losses = update(self.policy, samples, self.optim, cfg.algo, self.shuffle_gen, self.terms_fn)
+        losses = update(
+            self.policy,
+            samples,
+            self.optim,
+            cfg.algo,
+            self.shuffle_gen,
+            self.terms_fn,
+            self.step_fn,
+        )
         t2 = time.perf_counter()
         out = {
             "env_steps": cfg.steps_per_update,
