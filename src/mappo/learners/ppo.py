@@ -46,8 +46,13 @@ def cpu_pays(cfg: TrainConfig, env: BatchedEnv) -> bool:
     steps (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_step`, the particle world), where the
     gains were measured, for one run (its step compiled with the policy) and for stacked seeds
     (BENCHMARKS.md, "Compiled path" and "Many seeds")."""
-    traces = type(env).claim_traced_step is not BatchedEnv.claim_traced_step
-    return env.device.type == "cpu" and traces and cfg.total_env_steps >= AUTO_CPU_STEPS
+    return env.device.type == "cpu" and traces(env) and cfg.total_env_steps >= AUTO_CPU_STEPS
+
+
+def traces(env: BatchedEnv) -> bool:
+    """Whether ``env`` may hand the rollout traced steps (it implements
+    :meth:`~mappo.envs.base.BatchedEnv.claim_traced_step`)."""
+    return type(env).claim_traced_step is not BatchedEnv.claim_traced_step
 
 
 class PPOLearner:
@@ -89,7 +94,7 @@ class PPOLearner:
             graphs = self.device.type == "cuda"
             fallback = cfg.compile == "auto"
             self.collector.step_fn = compile_fn(policy_step, graphs, fallback)
-            if self.device.type == "cpu":
+            if self.device.type == "cpu" and traces(env):
                 # The env's step, the policy and the episode tracker as one graph wherever the
                 # env allows (CPU only so far: on CUDA the fused graph mutates the env's state
                 # in place, which torch does not replay as a CUDA graph; unmeasured there).
