@@ -125,14 +125,21 @@ def test_the_gradient_step_equals_autograd_and_adam(preset, overrides):
 
 
 def test_compile_on_takes_the_whole_gradient_step_as_one_graph_on_the_cpu():
-    """On the CPU ``compile=on`` runs the gradient step as one graph for every env; the env's
-    step joins the rollout's graph only for an env that offers traced steps (so that the bench
-    still times the env apart for the others)."""
-    for preset, fused in (("mpe/simple_spread_jaxmarl_ff", True), ("smac/3m", False)):
-        cfg = config_mod.load(preset, {**SMALL, "device": "cpu", "compile": "on"})
+    """On the CPU ``compile=on`` runs a feed-forward network's gradient step as one graph
+    (recurrent losses keep the compiled loss, where the step gained nothing); the env's step
+    joins the rollout's graph only for an env that offers traced steps (so that the bench still
+    times the env apart for the others)."""
+    cases = [
+        ("mpe/simple_spread_jaxmarl_ff", {}, True, True),
+        ("smac/3m", {"model.recurrent": "none"}, True, False),
+        ("mpe/simple_spread", {}, False, True),
+    ]
+    for preset, over, whole_step, fused in cases:
+        cfg = config_mod.load(preset, {**SMALL, **over, "device": "cpu", "compile": "on"})
         trainer = Trainer(cfg)
         learner = trainer.learner
-        assert learner.step_fn is not None and learner.terms_fn is None
+        assert (learner.step_fn is not None) == whole_step, preset
+        assert (learner.terms_fn is None) == whole_step, preset
         assert (learner.collector.fused_fn is not None) == fused, preset
         trainer.close()
 

@@ -15,16 +15,18 @@ What is compiled, and why there:
   and a few fused kernels; the rollout of JaxMARL's Spread settings took 1.6x less time
   (BENCHMARKS.md). Other envs, and the steps where an episode ends, run the policy graph and the
   env's eager step.
-- :func:`mappo.algos.mappo.gradient_step` (CPU): a mini-batch's whole step, the loss and its
-  gradients (:func:`torch.func.grad`), each network's gradient clipping and Adam, as one graph
-  that updates the parameters and the optimisers' state in place. On the CPU the eager step's
-  few hundred small calls (autograd's engine, zeroing, clipping, two optimisers) cost more than
-  the arithmetic of the small networks here; the update of JaxMARL's Spread settings took about
-  1.5x less time (BENCHMARKS.md). Mini-batch selection and the ValueNorm/PopArt update (which
-  rescales parameters in place) stay eager, before the graph.
-- :func:`mappo.algos.mappo.loss_terms` (elsewhere, for now: CUDA): a mini-batch's forward pass
-  and losses; autograd then runs the compiled backward and ``torch.optim.Adam`` steps eagerly.
-  Recurrent networks compile either for chunks of at most :data:`MAX_COMPILED_CHUNK` steps.
+- :func:`mappo.algos.mappo.gradient_step` (CPU, feed-forward networks): a mini-batch's whole step,
+  the loss and its gradients (:func:`torch.func.grad`), each network's gradient clipping and Adam,
+  as one graph that updates the parameters and the optimisers' state in place. On the CPU the eager
+  step's few hundred small calls (autograd's engine, zeroing, clipping, two optimisers) cost more
+  than the arithmetic of the small networks here; the update of JaxMARL's Spread settings took about
+  1.5x less time, for about 13 s more cold compile (BENCHMARKS.md). Mini-batch selection and the
+  ValueNorm/PopArt update (which rescales parameters in place) stay eager, before the graph.
+- :func:`mappo.algos.mappo.loss_terms` (recurrent networks, and CUDA): a mini-batch's forward
+  pass and losses; autograd then runs the compiled backward and ``torch.optim.Adam`` steps
+  eagerly (for recurrent networks with chunks of at most :data:`MAX_COMPILED_CHUNK` steps).
+  A recurrent loss's arithmetic outweighs the step's overhead: one graph for the whole step
+  gained nothing measurable there and took 30 s longer to compile.
 
 All are compiled with ``fullgraph=True`` (a graph break is an error, not a silent slow path)
 and static shapes (each distinct shape compiles once: full mini-batches, and a shorter last one
