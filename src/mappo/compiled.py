@@ -31,9 +31,11 @@ What is compiled, and why there:
 All are compiled with ``fullgraph=True`` (a graph break is an error, not a silent slow path)
 and static shapes (each distinct shape compiles once: full mini-batches, and a shorter last one
 when the chunks do not divide evenly). Eager stays the reference: the compiled path computes the
-same functions in the same order, and a checkpoint written by either loads in the other (the
-parameters are the same modules). Compiled graphs are cached on disk by torch (inductor's
-cache), so a second run of the same preset compiles in seconds.
+same arithmetic (the gradient step writes out what autograd, gradient clipping and
+``torch.optim.Adam`` do, and is tested against them), and a checkpoint written by either loads
+in the other (the parameters and the optimisers' state are the same tensors). Compiled graphs
+are cached on disk by torch (inductor's cache), so a second run of the same preset compiles in
+seconds.
 
 On CUDA the graphs are also replayed as CUDA graphs (``mode="reduce-overhead"``): one launch
 for a whole graph instead of one per kernel, which is where a small network's time goes on a GPU.

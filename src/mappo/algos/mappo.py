@@ -279,8 +279,10 @@ class AdamSlots:
     ``LossModule.named_parameters()``: the parameters, and the Adam state torch keeps for each
     (first and second moments, the step count), so that a checkpoint is the same whichever path
     trained. ``networks`` lists ``(group, "actor" | "critic", indices)``: the parameters clipped
-    together. ``lrs`` is ``[actor lr, critic lr]``, a tensor so that a decaying rate does not
-    recompile the step."""
+    together. ``lrs`` is ``[actor lr, critic lr]``, a float64 tensor (torch keeps the rate as a
+    Python float) so that a decaying rate does not recompile the step. Every parameter is
+    assumed to reach the loss (true of every actor and critic here): where eager Adam skips a
+    parameter without a gradient, the gradient step would count a zero one."""
 
     names: tuple[str, ...]
     params: list[Tensor]
@@ -301,8 +303,17 @@ class AdamSlots:
         by_param = {}
         for opt in (optimizers.actor, optimizers.critic):
             group = opt.param_groups[0]
-            if group["amsgrad"] or group["maximize"] or len(opt.param_groups) != 1:
-                raise ValueError("the fused gradient step implements plain Adam only")
+            other = ("amsgrad", "maximize", "capturable", "differentiable")
+            other += ("decoupled_weight_decay",)
+            same = all(
+                group[k] == optimizers.actor.param_groups[0][k]
+                for k in ("betas", "eps", "weight_decay")
+            )
+            if any(group.get(k) for k in other) or len(opt.param_groups) != 1 or not same:
+                raise ValueError(
+                    "the fused gradient step implements plain Adam with one set of betas, eps "
+                    "and weight decay only"
+                )
             for p in group["params"]:
                 by_param[p] = opt
         for i, (name, p) in enumerate(loss.named_parameters()):
@@ -312,8 +323,10 @@ class AdamSlots:
                 # torch.optim.Adam's own initial state (a float32 step count, on the
                 # parameter's device for fused Adam), so that either path resumes the other.
                 fused = bool(opt.param_groups[0].get("fused"))
-                where = p.device if fused else None
-                state["step"] = torch.zeros((), dtype=torch.float32, device=where)
+                where = p.device if fused else torch.device("cpu")
+                wide = torch.get_default_dtype() == torch.float64
+                dtype = torch.float64 if wide else torch.float32
+                state["step"] = torch.zeros((), dtype=dtype, device=where)
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             names.append(name)
@@ -325,7 +338,7 @@ class AdamSlots:
             networks.setdefault((group_name, kind[:-1]), []).append(i)
         lrs = torch.tensor(
             [optimizers.actor.param_groups[0]["lr"], optimizers.critic.param_groups[0]["lr"]],
-            dtype=torch.float32,
+            dtype=torch.float64,
         )
         return cls(
             tuple(names),
@@ -381,8 +394,12 @@ def gradient_step(
                 step.add_(1.0)
                 slots.exp_avg[i].lerp_(grad, 1.0 - beta1)
                 slots.exp_avg_sq[i].mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-                denom = slots.exp_avg_sq[i].sqrt() / (1.0 - beta2**step).sqrt() + eps
-                p.sub_(lr / (1.0 - beta1**step) * slots.exp_avg[i] / denom)
+                # The bias corrections in double precision, as torch's fused Adam computes them.
+                count = step.double()
+                correction2 = (1.0 - beta2**count).sqrt().to(p.dtype)
+                step_size = (lr / (1.0 - beta1**count)).to(p.dtype)
+                denom = slots.exp_avg_sq[i].sqrt() / correction2 + eps
+                p.sub_(step_size * slots.exp_avg[i] / denom)
     return out
 
 
@@ -455,8 +472,9 @@ def eager_gradient_step(
     loss: LossModule, slots: AdamSlots, batch: Samples, max_grad_norm: float | None, *_: Any
 ) -> dict[str, Tensor]:
     """:func:`gradient_step`'s eager counterpart, the step ``compile=off`` takes (autograd and
-    ``torch.optim.Adam``): where compiling :func:`gradient_step` fails under ``compile=auto``,
-    the run goes on with this, so it learns exactly what an eager run learns."""
+    ``torch.optim.Adam``): where compiling :func:`gradient_step` fails under ``compile=auto``
+    (on its first call, as a missing compiler does), the run goes on with this and, with the
+    rollout's functions fallen back too, learns exactly what an eager run learns."""
     return _eager_step(loss(batch), loss.policy, slots.optimizers, max_grad_norm)
 
 

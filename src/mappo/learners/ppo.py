@@ -102,7 +102,7 @@ class PPOLearner:
             if not self.recurrent or cfg.algo.data_chunk_length <= MAX_COMPILED_CHUNK:
                 if self.device.type == "cpu" and not self.recurrent:
                     # The whole gradient step (loss, gradients, clipping, Adam) as one graph:
-                    # 1.47x faster updates of small feed-forward mini-batches, for about 14 s
+                    # 1.47x faster updates of small feed-forward mini-batches, for about 13 s
                     # more cold compile. Recurrent losses gained nothing measurable for 30 s
                     # more (BENCHMARKS.md); CUDA replays the loss as a CUDA graph, and a graph
                     # that mutates the parameters is unmeasured there.
