@@ -145,9 +145,9 @@ def _with_fallback(
     Compilation happens inside the first call with new shapes and fails before the graph
     runs, so the arguments are untouched and ``fn`` can take the call over. An error that
     ``fn`` raises too is the caller's, and is raised as ``fn`` raises it. Where the loss alone
-    is compiled (CUDA), its backward graph is compiled later, in ``backward()`` outside this
-    call; a failure there (with the forward compiled) is not caught. A missing C++ compiler
-    fails the forward first."""
+    is compiled (recurrent networks, CUDA), its backward graph is compiled later, in
+    ``backward()`` outside this call; a failure there (with the forward compiled) is not
+    caught. A missing C++ compiler fails the forward first."""
     use_eager = False
 
     def call(*args: Any, **kwargs: Any) -> Any:

@@ -260,6 +260,10 @@ def grad_norm(params: list[Tensor], max_norm: float | None) -> Tensor:
     return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
 
 
+_ADAM_VARIANTS = ("amsgrad", "maximize", "capturable", "differentiable", "decoupled_weight_decay")
+"""``torch.optim.Adam`` options :func:`gradient_step` does not implement (refused when set)."""
+
+
 class LossModule(torch.nn.Module):
     """:func:`loss_terms` as a module's forward, so that :func:`torch.func.functional_call` can
     run it on given parameters (:func:`gradient_step`). Holds the policy, adds nothing."""
@@ -303,13 +307,11 @@ class AdamSlots:
         by_param = {}
         for opt in (optimizers.actor, optimizers.critic):
             group = opt.param_groups[0]
-            other = ("amsgrad", "maximize", "capturable", "differentiable")
-            other += ("decoupled_weight_decay",)
             same = all(
                 group[k] == optimizers.actor.param_groups[0][k]
                 for k in ("betas", "eps", "weight_decay")
             )
-            if any(group.get(k) for k in other) or len(opt.param_groups) != 1 or not same:
+            if any(group.get(k) for k in _ADAM_VARIANTS) or len(opt.param_groups) != 1 or not same:
                 raise ValueError(
                     "the fused gradient step implements plain Adam with one set of betas, eps "
                     "and weight decay only"
