@@ -20,6 +20,7 @@ from mappo.algos.mappo import gradient_step, make_samples, update
 from mappo.compiled import _copy_out, compile_fn, wanted
 from mappo.config import ConfigError
 from mappo.nn.layers import RecurrentCore
+from mappo.rollout import fused_steps
 from mappo.trainer import Trainer, resume, train
 
 # Compiled and eager round differently in the last bits (fused kernels, another summation
@@ -152,19 +153,25 @@ def test_compile_on_takes_the_whole_gradient_step_as_one_graph_on_the_cpu():
     """On the CPU ``compile=on`` runs a feed-forward network's gradient step as one graph
     (recurrent losses keep the compiled loss, where the step gained nothing); the env's step
     joins the rollout's graph only for an env that offers traced steps (so that the bench still
-    times the env apart for the others)."""
+    times the env apart for the others); rollout blocks of several steps only for feed-forward
+    networks in runs long enough to repay their compile."""
+    from mappo.compiled import BLOCK_MIN_ROLLOUT_STEPS
+
+    short = {"total_env_steps": BLOCK_MIN_ROLLOUT_STEPS * SMALL["env.num_envs"] - 1}
     cases = [
-        ("mpe/simple_spread_jaxmarl_ff", {}, True, True),
-        ("smac/3m", {"model.recurrent": "none"}, True, False),
-        ("mpe/simple_spread", {}, False, True),
+        ("mpe/simple_spread_jaxmarl_ff", {}, True, True, True),
+        ("mpe/simple_spread_jaxmarl_ff", short, True, True, False),
+        ("smac/3m", {"model.recurrent": "none"}, True, False, False),
+        ("mpe/simple_spread", {}, False, True, False),
     ]
-    for preset, over, whole_step, fused in cases:
+    for preset, over, whole_step, fused, blocks in cases:
         cfg = config_mod.load(preset, {**SMALL, **over, "device": "cpu", "compile": "on"})
         trainer = Trainer(cfg)
         learner = trainer.learner
         assert (learner.step_fn is not None) == whole_step, preset
         assert (learner.terms_fn is None) == whole_step, preset
         assert (learner.collector.fused_fn is not None) == fused, preset
+        assert (learner.collector.block_fn is not None) == blocks, (preset, over)
         trainer.close()
 
 
@@ -374,9 +381,10 @@ def test_fused_segments_equal_the_step_loop(kind, monkeypatch):
 def test_the_fused_rollout_step_equals_the_eager_one(preset):
     """On the CPU the compiled rollout traces the env's step, the policy and the episode tracker
     into one graph on every step where no episode ends (the particle world's
-    ``claim_traced_step``), and steps eagerly where one does. Two rollouts of 30 steps cross the
-    time limit twice (25 and 50): buffers, tracker, env state and the step to act on next equal
-    those of eager collection."""
+    ``claim_traced_step``), feed-forward networks eight such steps per graph where eight in a
+    row end no episode (``claim_traced_steps``), and steps eagerly where one ends. Two rollouts
+    of 30 steps cross the time limit twice (25 and 50): buffers, tracker, env state and the
+    step to act on next equal those of eager collection."""
     overrides = {**SMALL, "rollout_length": 30, "env.num_envs": 4, "device": "cpu"}
     trainers = {
         mode: Trainer(config_mod.load(preset, {**overrides, "compile": mode}))
@@ -384,15 +392,23 @@ def test_the_fused_rollout_step_equals_the_eager_one(preset):
     }
     compiled = trainers["on"].collector
     assert trainers["off"].collector.fused_fn is None and compiled.fused_fn is not None
-    claims = {"traced": 0, "eager": 0}
-    claim = compiled.env.claim_traced_step
+    blocks = trainers["on"].cfg.model.recurrent == "none"
+    assert (compiled.block_fn is not None) == blocks and compiled.block == (8 if blocks else 0)
+    claims = {"traced": 0, "eager": 0, "blocks": 0}
+    claim, claim_block = compiled.env.claim_traced_step, compiled.env.claim_traced_steps
 
     def counted():
         fn = claim()
         claims["eager" if fn is None else "traced"] += 1
         return fn
 
+    def counted_block(count):
+        fn = claim_block(count)
+        claims["blocks"] += fn is not None
+        return fn
+
     compiled.env.claim_traced_step = counted
+    compiled.env.claim_traced_steps = counted_block
     graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     for _ in range(2):
         rollouts = {mode: t.collector.collect() for mode, t in trainers.items()}
@@ -406,7 +422,12 @@ def test_the_fused_rollout_step_equals_the_eager_one(preset):
                     assert got is None
                     continue
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f.name)
-    assert claims == {"traced": 58, "eager": 2}
+    if blocks:
+        # Steps 1-24 in three blocks, 25 eager, 26-30 single; 31-46 in two blocks, 47-49
+        # single (a block would cross 50), 50 eager, 51-58 a block, 59-60 single.
+        assert claims == {"traced": 10, "eager": 2, "blocks": 6}
+    else:
+        assert claims == {"traced": 58, "eager": 2, "blocks": 0}
     collectors = {mode: t.collector for mode, t in trainers.items()}
     want_env, got_env = (c.env.get_state() for c in collectors.values())
     for k, v in want_env.items():
@@ -421,14 +442,79 @@ def test_the_fused_rollout_step_equals_the_eager_one(preset):
             torch.testing.assert_close(got_track[k], v, rtol=1e-5, atol=1e-5, msg=k)
     for group, obs in collectors["off"].step.obs.items():
         torch.testing.assert_close(collectors["on"].step.obs[group], obs, rtol=1e-5, atol=1e-5)
-    # One graph for the fused step and one for the policy step of the eager (reset) steps, also
-    # after a checkpoint round trip: nothing recompiles per step.
+    # One graph for the fused step, one for the policy step of the eager (reset) steps and one
+    # for the block, also after a checkpoint round trip: nothing recompiles per step.
     compiled.load_state_dict(compiled.state_dict(), fallback_seed=0)
-    compiled.env.claim_traced_step = claim
+    compiled.env.claim_traced_step, compiled.env.claim_traced_steps = claim, claim_block
     trainers["on"].collector.collect()
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before == 2
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before
+    assert graphs == 2 + blocks
     for t in trainers.values():
         t.close()
+
+
+@pytest.mark.parametrize(
+    "preset, overrides",
+    [
+        ("mpe/simple_spread_jaxmarl_ff", {"algo.bootstrap_truncation": True}),  # feed-forward
+        ("mpe/simple_reference", {"algo.bootstrap_truncation": True}),  # recurrent critic
+        ("mpe/simple_speaker_listener", {}),  # two groups
+    ],
+)
+def test_rollout_blocks_record_what_single_steps_record(preset, overrides):
+    """:func:`fused_steps` (eight steps per call, eager here) fills the rollout exactly as the
+    step loop does, time-limit bootstraps included (a recurrent critic's values inside the
+    block, a feed-forward critic's inputs valued after the loop), and leaves the collector,
+    the env and the tracker where the loop leaves them."""
+    over = {**SMALL, "rollout_length": 30, "env.num_envs": 4, "compile": "off", **overrides}
+    over["device"] = "cpu"
+    trainers = [Trainer(config_mod.load(preset, over)) for _ in range(2)]
+    loop, blocked = (t.collector for t in trainers)
+    calls = []
+    blocked.block_fn = lambda *args: calls.append(1) or fused_steps(*args)
+    blocked.block = 8
+    for _ in range(2):
+        want, got = loop.collect(), blocked.collect()
+        for name in ("starts", "terminated", "truncated"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), name
+        for group, buf in want.groups.items():
+            for f in dataclasses.fields(buf):
+                a, b = getattr(buf, f.name), getattr(got.groups[group], f.name)
+                assert (a is None and b is None) or torch.equal(a, b), (group, f.name)
+    assert len(calls) == 6  # as in the compiled test above: 1-24, 31-46, 51-58
+    for k, v in loop.env.get_state().items():
+        assert torch.equal(blocked.env.get_state()[k], v), k
+    assert torch.equal(blocked.tracker.return_sum, loop.tracker.return_sum)
+    assert torch.equal(blocked.starts, loop.starts)
+    for group, obs in loop.step.obs.items():
+        assert torch.equal(blocked.step.obs[group], obs)
+        assert torch.equal(blocked.actor_states[group], loop.actor_states[group])
+        assert torch.equal(blocked.critic_states[group], loop.critic_states[group])
+    for t in trainers:
+        t.close()
+
+
+def test_a_particle_world_claims_runs_of_steps_only_where_no_episode_ends():
+    """``claim_traced_steps(k)`` claims the next ``k`` steps only where none of them ends an
+    episode, and claims nothing otherwise; other envs claim one step at a time at most."""
+    from mappo.envs.registry import make
+
+    env = make("mpe/simple_spread", num_envs=2, episode_length=5)
+    env.reset(seed=0)
+    env.validate_actions = False
+    actions = {"agents": torch.zeros(2, 3, 1, dtype=torch.long)}
+    fn = env.claim_traced_steps(4)  # steps 1-4
+    assert fn is not None
+    for _ in range(4):
+        assert not bool(fn(actions).truncated.any())
+    assert env.claim_traced_steps(2) is None  # step 5 ends the episodes
+    assert env.claim_traced_step() is None  # nothing was claimed: step 5 is still next
+    assert bool(env.step(actions).truncated.all())
+    assert env.claim_traced_steps(4) is not None  # steps 6-9
+    assert env.claim_traced_steps(1) is None  # step 10
+    smac = make("smac/3m", num_envs=2)
+    smac.validate_actions = False
+    assert smac.claim_traced_steps(1) is None and smac.claim_traced_steps(8) is None
 
 
 def test_a_particle_world_claims_only_steps_where_no_episode_ends():
@@ -510,7 +596,7 @@ def test_auto_falls_back_to_eager_when_compiling_fails(monkeypatch):
     with pytest.warns(RuntimeWarning, match="compile=auto: compiling .* failed") as caught:
         auto = _iterate("mpe/simple_spread_jaxmarl_ff", "auto", over, iterations=2)
     names = sorted(str(w.message).split()[2] for w in caught)
-    assert names == ["fused_step", "gradient_step", "policy_step"], names  # once each
+    assert names == ["fused_step", "fused_steps", "gradient_step", "policy_step"], names
     for k, v in eager[1].items():
         assert torch.equal(auto[1][k], v), k
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):

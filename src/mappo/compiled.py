@@ -15,6 +15,13 @@ What is compiled, and why there:
   and a few fused kernels; the rollout of JaxMARL's Spread settings took 1.6x less time
   (BENCHMARKS.md). Other envs, and the steps where an episode ends, run the policy graph and the
   env's eager step.
+- :func:`mappo.rollout.fused_steps` (CPU, feed-forward networks): :data:`ROLLOUT_BLOCK`
+  fused steps as one graph, with what the rollout records of each, wherever the env lets
+  that many steps in a row be traced (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_steps`).
+  What remained per step around the fused graph (torch's guards and call wrapper, a dozen
+  copies into the rollout buffers) cost as much as the graph itself: the rollout of JaxMARL's
+  Spread settings took 1.7x less time. Recurrent networks keep one step per call: their update
+  outweighs the rollout, and the block's longer compile (about 35 s) bought 2-3% there.
 - :func:`mappo.algos.mappo.gradient_step` (CPU, feed-forward networks): a mini-batch's whole step,
   the loss and its gradients (:func:`torch.func.grad`), each network's gradient clipping and Adam,
   as one graph that updates the parameters and the optimisers' state in place. On the CPU the eager
@@ -69,6 +76,19 @@ compile on the 2-core CPU for a 1.4x faster update. The eager loss runs such chu
 torch's fused recurrent kernel between resets instead (:class:`~mappo.nn.layers.RecurrentCore`).
 """
 
+
+ROLLOUT_BLOCK = 8
+"""Env steps per call of the compiled rollout block (:func:`mappo.rollout.fused_steps`, CPU,
+feed-forward networks). Per env step of JaxMARL's Spread settings (16 envs, one thread; one
+process alternating): 358 us one step per call, 239 us with 4, 210 us with 8, 198 us with 12;
+each step in the block adds about 4 s of cold compile. Eight also fits the particle world's
+episodes of 25 steps (three blocks between two resets)."""
+
+BLOCK_MIN_ROLLOUT_STEPS = 150_000
+"""Rollout blocks are compiled for runs of at least this many steps per env
+(``total_env_steps / num_envs``): the block saved 130-230 us per rollout step on the particle
+world's Spread (16 and 128 envs) and costs about 30 s of cold compile, repaid within such a run
+(a warm inductor cache compiles it in seconds)."""
 
 AUTO_CPU_STEPS = 1_000_000
 """``compile=auto`` compiles on the CPU for runs of at least this many env steps (and an env

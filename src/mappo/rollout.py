@@ -194,6 +194,75 @@ def fused_step(
     return acted, critic_x, values, new_critic, next_step
 
 
+def final_critic(
+    policy: ActorCritic, name: str, step: EnvStep, critic_states: dict[str, Tensor]
+) -> Tensor:
+    """For bootstrapping at a time limit: a recurrent critic's value ``[E, C]`` of the final
+    (pre-reset) observation, with the state that would have continued the episode; for a
+    feed-forward critic its input ``[E, C, in]`` (valued after the rollout in one call)."""
+    x = policy.critic_input(name, step, final=True)
+    critic = policy.critics[name]
+    if critic.state_size == 0:
+        return x
+    no_starts = torch.zeros(1, x.shape[0], dtype=torch.bool, device=x.device)
+    value, _ = critic(x.unsqueeze(0), critic_states[name], no_starts)
+    return value[0]
+
+
+def fused_steps(
+    policy: ActorCritic,
+    env_step: Callable[[dict[str, Tensor]], EnvStep],
+    step: EnvStep,
+    actor_states: dict[str, Tensor],
+    critic_states: dict[str, Tensor],
+    starts: Tensor,
+    noises: list[dict[str, Tensor]],
+    tracker: EpisodeTracker,
+    bootstrap: bool,
+) -> tuple[dict[str, Any], dict[str, Tensor], dict[str, Tensor], EnvStep, Tensor]:
+    """``K = len(noises)`` consecutive steps of :func:`fused_step` (the env's traced step each
+    time) as one function, which the compiled path compiles as one graph: one call per ``K``
+    steps instead of ``K``, with what the rollout records of each step.
+
+    Returns one record per step: ``starts``, ``terminated``, ``truncated`` ``[E]`` and under
+    ``groups``, per group, tensors keyed as :class:`GroupBuffer`'s fields (``obs``, ``alive``,
+    ``action_mask`` where the group has masks, ``actor_state``, ``critic_state`` and ``values``
+    for recurrent critics, ``actions``, ``log_probs``, ``critic_x``, ``rewards``, and ``final``
+    (:func:`final_critic`) when ``bootstrap``); then the actor and critic states, the env step
+    and the ``starts [E]`` after the last step. The collector stacks each field's ``K``
+    records into its rollout buffer with one call.
+    """
+    rows: list[dict[str, Any]] = []
+    for noise in noises:
+        row: dict[str, Any] = {"starts": starts, "groups": {}}
+        for name in actor_states:
+            rec = {"obs": step.obs[name], "alive": step.alive[name]}
+            if name in step.action_mask:
+                rec["action_mask"] = step.action_mask[name]
+            rec["actor_state"] = actor_states[name]
+            if policy.critics[name].state_size > 0:
+                rec["critic_state"] = critic_states[name]
+            row["groups"][name] = rec
+        acted, critic_x, values, critic_states, step = fused_step(
+            policy, env_step, step, actor_states, critic_states, starts, noise, tracker
+        )
+        actor_states = acted.states
+        for name, rec in row["groups"].items():
+            rec["actions"] = acted.actions[name]
+            rec["log_probs"] = acted.log_probs[name]
+            rec["critic_x"] = critic_x[name]
+            if name in values:
+                rec["values"] = values[name]
+            rec["rewards"] = step.reward[name]
+            if bootstrap:
+                rec["final"] = final_critic(policy, name, step, critic_states)
+        row["terminated"] = step.terminated
+        row["truncated"] = step.truncated
+        starts = step.done
+        rows.append(row)
+    return rows, actor_states, critic_states, step, starts
+
+
 @dataclass
 class Collector:
     """Steps an env with a policy and fills a :class:`Rollout`; keeps the state between calls.
@@ -218,6 +287,10 @@ class Collector:
     fused_fn: Callable[..., Any] | None = None
     """The compiled :func:`fused_step`, used on the steps the env lets it trace (``None``:
     policy and env step separately, always)."""
+    block_fn: Callable[..., Any] | None = None
+    """The compiled :func:`fused_steps`, for runs of ``block`` steps that the env lets it
+    trace (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_steps`); ``None``: never."""
+    block: int = 0
 
     @torch.no_grad()
     def collect(self) -> Rollout:
@@ -231,9 +304,12 @@ class Collector:
         stepwise = {name: policy.critics[name].state_size > 0 for name in ro.groups}
         final_x: dict[str, list[Tensor]] = {name: [] for name in ro.groups}
         step_fn = self.step_fn or policy_step
-        for t in range(T):
+        t = 0
+        while t < T:
+            if self._block(t, T, final_x):
+                t += self.block
+                continue
             ro.starts[t] = self.starts
-            starts = self.starts.unsqueeze(0)
             for name, buf in ro.groups.items():
                 buf.obs[t] = self.step.obs[name]
                 buf.alive[t] = self.step.alive[name]
@@ -272,17 +348,15 @@ class Collector:
                 if self.bootstrap:
                     # V(final observation) with the recurrent state that would have continued
                     # the episode; only used where the env was truncated.
-                    x = policy.critic_input(name, self.step, final=True)
+                    final = final_critic(policy, name, self.step, self.critic_states)
                     if stepwise[name]:
-                        value, _ = policy.critics[name](
-                            x.unsqueeze(0), self.critic_states[name], torch.zeros_like(starts)
-                        )
-                        buf.final_values[t] = value[0]
+                        buf.final_values[t] = final
                     else:
-                        final_x[name].append(x)
+                        final_x[name].append(final)
             ro.terminated[t] = self.step.terminated
             ro.truncated[t] = self.step.truncated
             self.starts = self.step.done
+            t += 1
         starts = self.starts.unsqueeze(0)
         for name, buf in ro.groups.items():
             critic = policy.critics[name]
@@ -298,6 +372,42 @@ class Collector:
                 finals = torch.stack(final_x[name])
                 buf.final_values.copy_(critic(finals, no_state, no_starts.expand(T, -1))[0])
         return ro
+
+    def _block(self, t: int, T: int, final_x: dict[str, list[Tensor]]) -> bool:
+        """Collect steps ``t .. t + block - 1`` with :attr:`block_fn` where the rollout has that
+        many left and the env lets all of them be traced; returns whether it did."""
+        K = self.block
+        if self.block_fn is None or t + K > T:
+            return False
+        traced = self.env.claim_traced_steps(K)
+        if traced is None:
+            return False
+        ro, E = self.rollout, self.rollout.starts.shape[1]
+        noises = [self.policy.draw_noise(E, self.generator) for _ in range(K)]
+        rows, self.actor_states, self.critic_states, self.step, starts = self.block_fn(
+            self.policy,
+            traced,
+            self.step,
+            self.actor_states,
+            self.critic_states,
+            self.starts,
+            noises,
+            self.tracker,
+            self.bootstrap,
+        )
+        span = slice(t, t + K)
+        for key in ("starts", "terminated", "truncated"):
+            torch.stack([row[key] for row in rows], out=getattr(ro, key)[span])
+        for name, buf in ro.groups.items():
+            for key in rows[0]["groups"][name]:
+                records = [row["groups"][name][key] for row in rows]
+                if key == "final" and self.policy.critics[name].state_size == 0:
+                    final_x[name].extend(records)
+                    continue
+                out = buf.final_values if key == "final" else getattr(buf, key)
+                torch.stack(records, out=out[span])
+        self.starts = starts
+        return True
 
     # -- checkpoints --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -140,6 +140,13 @@ class BatchedEnv(abc.ABC):
         which cannot enter a graph)."""
         return None
 
+    def claim_traced_steps(self, count: int) -> Callable[[dict[str, Tensor]], EnvStep] | None:
+        """:meth:`claim_traced_step` for the next ``count`` steps at once: the function to call
+        ``count`` times in a row in place of :meth:`step`, or ``None`` (nothing claimed) where
+        any of them must go through :meth:`step`. The compiled rollout traces runs of steps into
+        one graph with it. The default claims one step at a time only."""
+        return self.claim_traced_step() if count == 1 else None
+
     @abc.abstractmethod
     def get_state(self) -> dict[str, Tensor]:
         """The full simulator state, each tensor with a leading ``[E]`` axis (clones)."""

@@ -22,7 +22,9 @@ from mappo.algos.mappo import (
 )
 from mappo.compiled import (
     AUTO_CPU_STEPS,
+    BLOCK_MIN_ROLLOUT_STEPS,
     MAX_COMPILED_CHUNK,
+    ROLLOUT_BLOCK,
     compile_fn,
     compile_seconds,
     wanted,
@@ -30,7 +32,14 @@ from mappo.compiled import (
 from mappo.config import TrainConfig
 from mappo.envs.base import BatchedEnv
 from mappo.nn.actor_critic import ActorCritic
-from mappo.rollout import Collector, EpisodeTracker, allocate, fused_step, policy_step
+from mappo.rollout import (
+    Collector,
+    EpisodeTracker,
+    allocate,
+    fused_step,
+    fused_steps,
+    policy_step,
+)
 
 
 def generator(device: torch.device, seed: int) -> torch.Generator:
@@ -99,6 +108,11 @@ class PPOLearner:
                 # env allows (CPU only so far: on CUDA the fused graph mutates the env's state
                 # in place, which torch does not replay as a CUDA graph; unmeasured there).
                 self.collector.fused_fn = compile_fn(fused_step, fallback=fallback)
+                steps_per_env = cfg.total_env_steps // env.num_envs
+                if not self.recurrent and steps_per_env >= BLOCK_MIN_ROLLOUT_STEPS:
+                    # Several steps per graph where no episode ends (mappo.compiled).
+                    self.collector.block_fn = compile_fn(fused_steps, fallback=fallback)
+                    self.collector.block = ROLLOUT_BLOCK
             if not self.recurrent or cfg.algo.data_chunk_length <= MAX_COMPILED_CHUNK:
                 if self.device.type == "cpu" and not self.recurrent:
                     # The whole gradient step (loss, gradients, clipping, Adam) as one graph:

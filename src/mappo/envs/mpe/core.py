@@ -434,16 +434,25 @@ class ParticleEnv(BatchedEnv):
         """:meth:`_plain_step` when no env ends its episode on the next step and actions are
         not checked (the time limit is the only episode end, known on the host). A subclass
         that overrides ``_step`` (another way to end episodes, say) is never traced."""
-        if type(self)._step is not ParticleEnv._step:
+        return self._claim(1)
+
+    def claim_traced_steps(self, count: int) -> Callable[[dict[str, Tensor]], EnvStep] | None:
+        """:meth:`_plain_step` for the next ``count`` steps where no episode ends on any of
+        them (see :meth:`claim_traced_step`)."""
+        return self._claim(count)
+
+    def _claim(self, count: int) -> Callable[[dict[str, Tensor]], EnvStep] | None:
+        if type(self)._step is not ParticleEnv._step or self.validate_actions:
             return None
-        if self.validate_actions or self._an_episode_ends_next():
+        if any(self._an_episode_ends_next(ahead) for ahead in range(1, count + 1)):
             return None
-        self._now += 1
+        self._now += count
         return self._plain_step
 
-    def _an_episode_ends_next(self) -> bool:
-        """Whether some env reaches the time limit on the next step (host-side phases)."""
-        return (self._now + 1) % self.episode_length in self._end_phases
+    def _an_episode_ends_next(self, ahead: int = 1) -> bool:
+        """Whether some env reaches the time limit on the step ``ahead`` steps from now
+        (host-side phases)."""
+        return (self._now + ahead) % self.episode_length in self._end_phases
 
     def get_state(self) -> dict[str, Tensor]:
         """The full simulator state in the public layout (see :meth:`state_fields`), clones."""
