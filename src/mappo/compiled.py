@@ -86,7 +86,7 @@ episodes of 25 steps (three blocks between two resets)."""
 
 BLOCK_MIN_ROLLOUT_STEPS = 150_000
 """Rollout blocks are compiled for runs of at least this many steps per env
-(``total_env_steps / num_envs``): the block saved 130-230 us per rollout step on the particle
+(``total_env_steps / num_envs``): the block saved 150-230 us per rollout step on the particle
 world's Spread (16 and 128 envs) and costs about 30 s of cold compile, repaid within such a run
 (a warm inductor cache compiles it in seconds)."""
 
