@@ -219,7 +219,7 @@ def fused_steps(
     noises: list[dict[str, Tensor]],
     tracker: EpisodeTracker,
     bootstrap: bool,
-) -> tuple[dict[str, Any], dict[str, Tensor], dict[str, Tensor], EnvStep, Tensor]:
+) -> tuple[list[dict[str, Any]], dict[str, Tensor], dict[str, Tensor], EnvStep, Tensor]:
     """``K = len(noises)`` consecutive steps of :func:`fused_step` (the env's traced step each
     time) as one function, which the compiled path compiles as one graph: one call per ``K``
     steps instead of ``K``, with what the rollout records of each step.
