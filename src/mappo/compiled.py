@@ -21,7 +21,8 @@ What is compiled, and why there:
   What remained per step around the fused graph (torch's guards and call wrapper, a dozen
   copies into the rollout buffers) cost as much as the graph itself: the rollout of JaxMARL's
   Spread settings took 1.7x less time. Recurrent networks keep one step per call: their update
-  outweighs the rollout, and the block's longer compile (about 35 s) bought 2-3% there.
+  outweighs the rollout, and the block's longer compile (about 37 s for the paper's recurrent
+  preset) bought 2-3% there.
 - :func:`mappo.algos.mappo.gradient_step` (CPU, feed-forward networks): a mini-batch's whole step,
   the loss and its gradients (:func:`torch.func.grad`), each network's gradient clipping and Adam,
   as one graph that updates the parameters and the optimisers' state in place. On the CPU the eager
@@ -87,8 +88,9 @@ episodes of 25 steps (three blocks between two resets)."""
 BLOCK_MIN_ROLLOUT_STEPS = 150_000
 """Rollout blocks are compiled for runs of at least this many steps per env
 (``total_env_steps / num_envs``): the block saved 150-230 us per rollout step on the particle
-world's Spread (16 and 128 envs) and costs about 30 s of cold compile, repaid within such a run
-(a warm inductor cache compiles it in seconds)."""
+world's Spread (16 and 128 envs) and costs about 30 s of cold compile, which such a run about
+repays at this threshold and repays several times over at JaxMARL's settings (a warm inductor
+cache compiles it in seconds)."""
 
 AUTO_CPU_STEPS = 1_000_000
 """``compile=auto`` compiles on the CPU for runs of at least this many env steps (and an env

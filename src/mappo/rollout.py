@@ -291,6 +291,7 @@ class Collector:
     """The compiled :func:`fused_steps`, for runs of ``block`` steps that the env lets it
     trace (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_steps`); ``None``: never."""
     block: int = 0
+    """Steps per :attr:`block_fn` call (used only where ``block_fn`` is set)."""
 
     @torch.no_grad()
     def collect(self) -> Rollout:
