@@ -371,21 +371,23 @@ def test_fused_segments_equal_the_step_loop(kind, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "preset",
+    "preset, bootstrap",
     [
-        "mpe/simple_spread_jaxmarl_ff",  # feed-forward, Spread's contact forces
-        "mpe/simple_reference",  # recurrent, messages, goal colours
-        "mpe/simple_speaker_listener",  # two groups, one that only speaks
+        ("mpe/simple_spread_jaxmarl_ff", True),  # feed-forward, Spread's contact forces
+        ("mpe/simple_reference", False),  # recurrent, messages, goal colours
+        ("mpe/simple_speaker_listener", False),  # two groups, one that only speaks
     ],
 )
-def test_the_fused_rollout_step_equals_the_eager_one(preset):
+def test_the_fused_rollout_step_equals_the_eager_one(preset, bootstrap):
     """On the CPU the compiled rollout traces the env's step, the policy and the episode tracker
     into one graph on every step where no episode ends (the particle world's
     ``claim_traced_step``), feed-forward networks eight such steps per graph where eight in a
     row end no episode (``claim_traced_steps``), and steps eagerly where one ends. Two rollouts
-    of 30 steps cross the time limit twice (25 and 50): buffers, tracker, env state and the
-    step to act on next equal those of eager collection."""
+    of 30 steps cross the time limit twice (25 and 50): buffers (with the time-limit
+    bootstrap's inputs for the feed-forward case), tracker, env state and the step to act on
+    next equal those of eager collection."""
     overrides = {**SMALL, "rollout_length": 30, "env.num_envs": 4, "device": "cpu"}
+    overrides["algo.bootstrap_truncation"] = bootstrap
     trainers = {
         mode: Trainer(config_mod.load(preset, {**overrides, "compile": mode}))
         for mode in ("off", "on")
@@ -484,7 +486,14 @@ def test_rollout_blocks_record_what_single_steps_record(preset, overrides):
     assert len(calls) == 6  # as in the compiled test above: 1-24, 31-46, 51-58
     for k, v in loop.env.get_state().items():
         assert torch.equal(blocked.env.get_state()[k], v), k
-    assert torch.equal(blocked.tracker.return_sum, loop.tracker.return_sum)
+    want_track, got_track = loop.tracker.state_dict(), blocked.tracker.state_dict()
+    assert want_track.keys() == got_track.keys()
+    for k, v in want_track.items():
+        if isinstance(v, dict):
+            assert v.keys() == got_track[k].keys(), k
+            assert all(torch.equal(got_track[k][s], x) for s, x in v.items()), k
+        else:
+            assert torch.equal(got_track[k], v), k
     assert torch.equal(blocked.starts, loop.starts)
     for group, obs in loop.step.obs.items():
         assert torch.equal(blocked.step.obs[group], obs)
@@ -494,9 +503,28 @@ def test_rollout_blocks_record_what_single_steps_record(preset, overrides):
         t.close()
 
 
+def test_block_records_are_written_as_single_assignments_would_be():
+    """The collector writes a block's K records into its buffer with one stack where shapes
+    and dtypes match, and otherwise as ``buf[t] = record`` would: broadcast and cast."""
+    from mappo.rollout import _stack_into
+
+    dest = torch.zeros(5, 3, 2)
+    records = [torch.full((3, 2), float(i)) for i in range(3)]
+    _stack_into(dest[1:4], records)
+    assert torch.equal(dest[1:4], torch.stack(records)) and not dest[0].any() and not dest[4].any()
+    want = torch.zeros(5, 3, 2)
+    odd = [torch.tensor([1, 2]), torch.tensor(3.5, dtype=torch.float64), torch.ones(1, 2)]
+    for i, r in enumerate(odd):
+        want[1 + i] = r
+    _stack_into(dest[1:4], odd)
+    assert torch.equal(dest, want) and dest.dtype == torch.float32
+
+
 def test_a_particle_world_claims_runs_of_steps_only_where_no_episode_ends():
     """``claim_traced_steps(k)`` claims the next ``k`` steps only where none of them ends an
-    episode, and claims nothing otherwise; other envs claim one step at a time at most."""
+    episode, and claims nothing otherwise; other envs, and particle worlds that override
+    ``claim_traced_step`` alone, claim one step at a time at most."""
+    from mappo.envs.mpe.simple_spread import SimpleSpread
     from mappo.envs.registry import make
 
     env = make("mpe/simple_spread", num_envs=2, episode_length=5)
@@ -515,6 +543,21 @@ def test_a_particle_world_claims_runs_of_steps_only_where_no_episode_ends():
     smac = make("smac/3m", num_envs=2)
     smac.validate_actions = False
     assert smac.claim_traced_steps(1) is None and smac.claim_traced_steps(8) is None
+
+    class Untraced(SimpleSpread):  # opts out of tracing through claim_traced_step alone
+        def claim_traced_step(self):
+            return None
+
+    class OneAtATime(SimpleSpread):  # traces, but only through its own one-step claim
+        def claim_traced_step(self):
+            return super().claim_traced_step()
+
+    for cls, single in ((Untraced, False), (OneAtATime, True)):
+        own = cls(num_envs=2)
+        own.reset(seed=0)
+        own.validate_actions = False
+        assert own.claim_traced_steps(4) is None, cls.__name__
+        assert (own.claim_traced_steps(1) is not None) == single, cls.__name__
 
 
 def test_a_particle_world_claims_only_steps_where_no_episode_ends():

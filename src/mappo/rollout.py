@@ -398,7 +398,7 @@ class Collector:
         )
         span = slice(t, t + K)
         for key in ("starts", "terminated", "truncated"):
-            torch.stack([row[key] for row in rows], out=getattr(ro, key)[span])
+            _stack_into(getattr(ro, key)[span], [row[key] for row in rows])
         for name, buf in ro.groups.items():
             for key in rows[0]["groups"][name]:
                 records = [row["groups"][name][key] for row in rows]
@@ -406,7 +406,7 @@ class Collector:
                     final_x[name].extend(records)
                     continue
                 out = buf.final_values if key == "final" else getattr(buf, key)
-                torch.stack(records, out=out[span])
+                _stack_into(out[span], records)
         self.starts = starts
         return True
 
@@ -444,3 +444,15 @@ class Collector:
         self.critic_states = {k: v.to(dev) for k, v in state["critic_states"].items()}
         self.starts = state["starts"].to(dev)
         self.tracker.load_state_dict(state["tracker"])
+
+
+def _stack_into(dest: Tensor, records: list[Tensor]) -> None:
+    """Write ``records[i]`` into ``dest[i]`` as ``dest[i] = records[i]`` would (broadcast to
+    the slot's shape, cast to its dtype): with one ``torch.stack`` where every record already
+    has the slot's shape and dtype (the usual case), slot by slot otherwise (an env that returns
+    a reward of another shape or dtype than its spec's, say)."""
+    if all(r.shape == dest.shape[1:] and r.dtype == dest.dtype for r in records):
+        torch.stack(records, out=dest)
+        return
+    for i, record in enumerate(records):
+        dest[i] = record

@@ -438,7 +438,10 @@ class ParticleEnv(BatchedEnv):
 
     def claim_traced_steps(self, count: int) -> Callable[[dict[str, Tensor]], EnvStep] | None:
         """:meth:`_plain_step` for the next ``count`` steps where no episode ends on any of
-        them (see :meth:`claim_traced_step`)."""
+        them (see :meth:`claim_traced_step`). A subclass that overrides only
+        :meth:`claim_traced_step` (to trace fewer steps, or none) is asked one step at a time."""
+        if type(self).claim_traced_step is not ParticleEnv.claim_traced_step:
+            return super().claim_traced_steps(count)
         return self._claim(count)
 
     def _claim(self, count: int) -> Callable[[dict[str, Tensor]], EnvStep] | None:
