@@ -15,6 +15,7 @@ from typing import NamedTuple
 import pytest
 import torch
 
+import mappo.nn.layers
 from mappo import config as config_mod
 from mappo.algos.mappo import gradient_step, make_samples, update
 from mappo.compiled import _copy_out, compile_fn, wanted
@@ -339,11 +340,17 @@ def test_compile_setting_is_checked_and_read_from_yaml(tmp_path):
     assert config_mod.load("mpe/simple_spread_qmix", ["compile=auto"]).compile == "auto"
 
 
-@pytest.mark.parametrize("kind", ["gru", "lstm"])
-def test_fused_segments_equal_the_step_loop(kind, monkeypatch):
-    """Eager training runs the recurrence in torch's fused kernel between the steps where some
+@pytest.mark.parametrize(
+    "kind, max_step",
+    [("gru", None), ("gru", 0), ("lstm", None)],  # 0: no step is small enough for SequenceGRU
+)
+def test_fused_segments_equal_the_step_loop(kind, max_step, monkeypatch):
+    """Eager training runs a GRU on small steps in :class:`SequenceGRU` (its backward written
+    out), and otherwise the recurrence in torch's fused kernel between the steps where some
     sequence resets or has a state injected; outputs, final state and gradients match the
     step-by-step loop (which the compiled path and acting use)."""
+    if max_step is not None:
+        monkeypatch.setattr(mappo.nn.layers, "SEQUENCE_MAX_STEP", max_step)
     torch.manual_seed(0)
     core = RecurrentCore(16, kind, 1, layer_norm=True)
     L, B = 12, 5
@@ -361,9 +368,16 @@ def test_fused_segments_equal_the_step_loop(kind, monkeypatch):
         loss = out.square().sum() + final.sum()
         return out, final, torch.autograd.grad(loss, [x, *core.parameters()])
 
+    sequences = []
+    written_out = RecurrentCore._sequence
+    monkeypatch.setattr(
+        RecurrentCore, "_sequence", lambda *a: sequences.append(1) or written_out(*a)
+    )
     fused = run()
+    assert len(sequences) == (kind == "gru" and max_step is None)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # forces the loop
     loop = run()
+    assert len(sequences) == (kind == "gru" and max_step is None)
     torch.testing.assert_close(fused[0], loop[0], rtol=0, atol=1e-5)
     torch.testing.assert_close(fused[1], loop[1], rtol=0, atol=1e-5)
     for a, b in zip(fused[2], loop[2], strict=True):

@@ -176,3 +176,87 @@ def test_fused_whole_episode_unroll_equals_the_stepwise_one(kind, layer_norm):
     (g_loop,) = torch.autograd.grad(loop.square().sum(), x)
     (g_fused,) = torch.autograd.grad(fused.square().sum(), x)
     torch.testing.assert_close(g_fused, g_loop, rtol=1e-4, atol=1e-5)
+
+
+def _gru_sequence_case(dtype: torch.dtype):
+    """A GRU core, inputs with two batch axes and agents, resets at scattered steps (some rows
+    only, and all rows at once) and one injected state, in ``dtype``."""
+    torch.manual_seed(1)
+    core = RecurrentCore(8, "gru", 1, layer_norm=True).to(dtype)
+    L, B, C = 9, (2, 3), 2
+    x = torch.randn(L, *B, C, 8, dtype=dtype, requires_grad=True)
+    state = torch.randn(*B, C, 8, dtype=dtype, requires_grad=True)
+    starts = torch.zeros(L, *B, dtype=torch.bool)
+    starts[3, 0, 1] = True
+    starts[6] = True
+    inject = torch.zeros(L, *B, C, 8, dtype=dtype)
+    inject[3, 0, 1] = torch.randn(C, 8, dtype=dtype)
+    return core, x, state, starts, inject
+
+
+def test_the_written_out_gru_backward_equals_autograd(monkeypatch) -> None:
+    """:class:`SequenceGRU` (the GRU's backward through time written out, used for training on
+    small steps) gives the step loop's outputs, final state and gradients for the inputs, the
+    initial state and every parameter, in double precision to rounding."""
+    core, x, state, starts, inject = _gru_sequence_case(torch.float64)
+    used = []
+    written_out = RecurrentCore._sequence
+    monkeypatch.setattr(RecurrentCore, "_sequence", lambda *a: used.append(1) or written_out(*a))
+    w = torch.randn(x.shape, dtype=x.dtype)
+
+    def run():
+        out, final = core(x, state, starts, inject)
+        loss = (out * w).sum() + final.square().sum()
+        return out, final, torch.autograd.grad(loss, [x, state, *core.parameters()])
+
+    got = run()
+    assert used == [1]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # the step loop
+    want = run()
+    assert used == [1]
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-12)
+    torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-12)
+    for a, b in zip(got[2], want[2], strict=True):
+        assert a.abs().max() > 0
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
+
+
+def test_the_written_out_gru_passes_gradcheck() -> None:
+    """Finite differences agree with :class:`SequenceGRU`'s backward (double precision) for the
+    step inputs, the initial state, the weight and the bias, across a reset and an injection."""
+    from mappo.nn.gru_sequence import SequenceGRU
+
+    torch.manual_seed(2)
+    L, M, H = 5, 3, 4
+    gx = torch.randn(L, M, 3 * H, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(M, H, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(H, 3 * H, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(3 * H, dtype=torch.float64, requires_grad=True)
+    keep = torch.ones(L, M, 1, dtype=torch.float64)
+    keep[2, 1] = 0.0
+    inject = torch.zeros(L, M, H, dtype=torch.float64)
+    inject[2, 1] = torch.randn(H, dtype=torch.float64)
+    assert torch.autograd.gradcheck(
+        lambda *a: SequenceGRU.apply(*a, keep, inject, [2]), (gx, h0, weight, bias)
+    )
+
+
+def test_gru_inference_and_large_steps_keep_autograd_s_path(monkeypatch) -> None:
+    """Without gradients, or with steps above ``SEQUENCE_MAX_STEP`` rows x units, or for an
+    LSTM, the sequence does not go through :class:`SequenceGRU`."""
+    import mappo.nn.layers
+
+    core, x, state, starts, inject = _gru_sequence_case(torch.float32)
+    used = []
+    written_out = RecurrentCore._sequence
+    monkeypatch.setattr(RecurrentCore, "_sequence", lambda *a: used.append(1) or written_out(*a))
+    with torch.no_grad():
+        core(x, state, starts, inject)
+    lstm = RecurrentCore(8, "lstm", 1, layer_norm=False)
+    lstm(x.detach(), torch.zeros(*state.shape[:-1], 16), starts)
+    monkeypatch.setattr(mappo.nn.layers, "SEQUENCE_MAX_STEP", x[0].numel() - 1)
+    core(x, state, starts, inject)
+    assert used == []
+    monkeypatch.setattr(mappo.nn.layers, "SEQUENCE_MAX_STEP", x[0].numel())
+    core(x, state, starts, inject)
+    assert used == [1]

@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mappo.nn.gru_sequence import SequenceGRU
+
 
 class AgentLinear(nn.Module):
     """``y[..., c, :] = x[..., c, :] @ W[c] + b[c]``; ``W`` is ``[copies, in, out]``."""
@@ -106,13 +108,23 @@ def _traced(x: Tensor) -> bool:
     return torch.compiler.is_compiling() or torch._C._functorch.is_batchedtensor(x)
 
 
+SEQUENCE_MAX_STEP = 8192
+"""Rows x hidden units per step up to which training runs a GRU sequence in
+:class:`~mappo.nn.gru_sequence.SequenceGRU`: where steps are that small the cost is the number
+of ops per step, which it cuts (JaxMARL's recurrent settings, 12 rows x 128 units: 1.6x faster
+in training); with larger steps (the paper's 960 rows x 64) autograd's path was as fast or
+faster (BENCHMARKS.md, "Recurrent training")."""
+
+
 class RecurrentCore(nn.Module):
     """A GRU (the paper) or LSTM layer whose hidden state resets where an episode starts.
 
     The hidden state is a flat ``[..., C, state_size]`` tensor (``state_size`` = H for a GRU, 2H
     for an LSTM: ``[h, c]``), so storage and chunking treat both kinds alike. The input projection
     of a whole sequence is one matrix multiply and the recurrence loops over time, or (shared
-    parameters, eager, on the CPU) runs in torch's fused kernel between resets.
+    parameters, eager, on the CPU) runs in torch's fused kernel between resets, or (a GRU with
+    shared parameters training eagerly on the CPU on small steps) in
+    :class:`~mappo.nn.gru_sequence.SequenceGRU`.
     A LayerNorm follows the output, as in the paper's ``RNNLayer``.
     """
 
@@ -157,6 +169,10 @@ class RecurrentCore(nn.Module):
         """
         shared = self.input_proj.copies == 1
         keep = (1.0 - starts.to(x.dtype)).unsqueeze(-1).unsqueeze(-1)  # [L, *B, 1, 1]
+        if shared and x.shape[0] > 1 and x.is_cpu and not _traced(x) and self._trains(x, inject):
+            # Eager training on the CPU with small steps: the backward through time written out
+            # (mappo.nn.gru_sequence), fewer ops per step than autograd records.
+            return self._sequence(x, state, starts, keep, inject)
         if whole_episodes and inject is None and shared:
             return self._segments(x, state, keep, None, [0])
         if shared and x.shape[0] > 1 and x.is_cpu and not _traced(x):
@@ -184,6 +200,38 @@ class RecurrentCore(nn.Module):
             out, state = self._cell(projected[t], state)
             outputs.append(out)
         return self.norm(torch.stack(outputs)), state
+
+    def _trains(self, x: Tensor, inject: Tensor | None) -> bool:
+        """Whether this call records gradients for :class:`SequenceGRU` to compute: a GRU, with
+        autograd on, through the input or the parameters, and no gradient into ``inject``."""
+        return (
+            self.kind == "gru"
+            and x[0].numel() <= SEQUENCE_MAX_STEP
+            and torch.is_grad_enabled()
+            and (x.requires_grad or self.hidden_proj.weight.requires_grad)
+            and (inject is None or not inject.requires_grad)
+        )
+
+    def _sequence(
+        self, x: Tensor, state: Tensor, starts: Tensor, keep: Tensor, inject: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """The sequence in :class:`SequenceGRU` (rows of ``*B`` and ``C`` flattened)."""
+        L, H = x.shape[0], self.size
+        gx = self.input_proj(x)
+        M = gx[0].numel() // (3 * H)
+        cuts = starts.reshape(L, -1).any(1)
+        if inject is not None:
+            cuts |= inject.reshape(L, -1).ne(0).any(1)
+        out = SequenceGRU.apply(
+            gx.reshape(L, M, 3 * H),
+            state.reshape(M, H),
+            self.hidden_proj.weight[0],
+            self.hidden_proj.bias[0],
+            keep.expand(*x.shape[:-1], 1).reshape(L, M, 1),
+            None if inject is None else inject.reshape(L, M, H),
+            cuts.nonzero().flatten().tolist(),
+        )
+        return self.norm(out.reshape(x.shape)), out[-1].reshape(state.shape)
 
     def _segments(
         self, x: Tensor, state: Tensor, keep: Tensor, inject: Tensor | None, cuts: list[int]

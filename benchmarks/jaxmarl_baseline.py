@@ -29,9 +29,9 @@ from pathlib import Path
 
 def load_baseline(path: Path):  # noqa: ANN201 - the module's make_train, typed by JaxMARL
     """Import JaxMARL's baseline script as a module (its ``main`` is not run)."""
-    spec = importlib.util.spec_from_file_location("jaxmarl_ippo_ff_mpe", path)
+    spec = importlib.util.spec_from_file_location(f"jaxmarl_{path.stem}", path)
     if spec is None or spec.loader is None:
-        raise SystemExit(f"cannot import {path}: give the path of baselines/IPPO/ippo_ff_mpe.py")
+        raise SystemExit(f"cannot import {path}: give the path of a JaxMARL baseline script")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     # The training loop logs every update to wandb through a host callback; make it a no-op.
@@ -39,9 +39,23 @@ def load_baseline(path: Path):  # noqa: ANN201 - the module's make_train, typed 
     return module
 
 
+def _number(value: object) -> object:
+    """A config value as hydra reads it: YAML 1.1 (PyYAML) leaves ``2e-3`` a string."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+# The config each baseline script's hydra entry point names (in its folder's config/).
+CONFIGS = {"ippo_ff_mpe": "ippo_ff_mpe.yaml", "mappo_rnn_mpe": "mappo_homogenous_rnn_mpe.yaml"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("baseline", type=Path, help="JaxMARL's baselines/IPPO/ippo_ff_mpe.py")
+    parser.add_argument("baseline", type=Path, help="a JaxMARL baseline script (see above)")
     parser.add_argument("--updates", type=int, default=400, help="PPO updates per call")
     parser.add_argument("--repeats", type=int, default=2, help="timed calls after the first")
     parser.add_argument("--json", action="store_true")
@@ -51,8 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     module = load_baseline(args.baseline)
-    config_path = args.baseline.parent / "config" / "ippo_ff_mpe.yaml"
-    config = yaml.safe_load(config_path.read_text())
+    name = CONFIGS.get(args.baseline.stem, f"{args.baseline.stem}.yaml")
+    config_path = args.baseline.parent / "config" / name
+    config = {k: _number(v) for k, v in yaml.safe_load(config_path.read_text()).items()}
     steps = args.updates * config["NUM_ENVS"] * config["NUM_STEPS"]
     config["TOTAL_TIMESTEPS"] = steps
     train = jax.jit(module.make_train(config))
@@ -66,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         out = jax.block_until_ready(train(key))
         rates.append(steps / (time.perf_counter() - t0))
-    final = float(out["metrics"]["returned_episode_returns"][-1].mean())
+    # Only the feed-forward script returns its metrics.
+    metrics = out.get("metrics", {}) if isinstance(out, dict) else {}
+    returns = metrics.get("returned_episode_returns")
+    final = None if returns is None else float(returns[-1].mean())
     result = {
         "jax": jax.__version__,
         "devices": [str(d) for d in jax.devices()],
@@ -75,14 +93,16 @@ def main(argv: list[str] | None = None) -> int:
         "compile_seconds_estimate": first - steps / max(rates),
         "env_steps_per_second": rates,
         "final_training_return": final,
+        "baseline": args.baseline.name,
     }
     if args.json:
         print(json.dumps(result))
     else:
         print(
-            f"JaxMARL IPPO ff ({steps:,} env steps per call): "
+            f"JaxMARL {args.baseline.stem} ({steps:,} env steps per call): "
             + ", ".join(f"{r:,.0f}" for r in rates)
-            + f" env steps/s; first call {first:.1f} s; final return {final:.1f}"
+            + f" env steps/s; first call {first:.1f} s"
+            + ("" if final is None else f"; final return {final:.1f}")
         )
     return 0
 
