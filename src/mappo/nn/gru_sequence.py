@@ -4,7 +4,7 @@ Autograd records the paper's GRU (``mappo.nn.layers.RecurrentCore``) as about tw
 nodes per time step; where a step's tensors are small (a dozen rows of 128 units, JaxMARL's
 recurrent settings) each node costs a dispatch of a few microseconds around very little
 arithmetic, and the backward through a 128-step sequence costs several times the forward.
-:class:`SequenceGRU` computes the same recurrence with six tensor ops per step forward and six
+:class:`SequenceGRU` computes the same recurrence with six tensor ops per step forward and four
 backward: every factor of the chain rule that does not depend on the incoming gradient is
 formed in bulk over all steps first, and the weight and bias gradients after the loop as one
 matrix product and one sum over all steps instead of one per step.
@@ -96,39 +96,33 @@ class SequenceGRU(torch.autograd.Function):
         for t, h in ctx.reset.items():
             prev_all[t] = h
         r, z, hn = rz_all[..., :H], rz_all[..., H:], gh_all[..., 2 * H :]
-        # Every factor of the chain rule that does not depend on the incoming gradient, in bulk:
-        # with g = dL/dh' at a step, d(n's input) = g (1 - z)(1 - n^2) = g a,
-        # d(r's input) = d(n's input) hn r (1 - r) and d(z's input) = g (h - n) z (1 - z).
+        # With g = dL/dh' at a step, every gate's gradient is g times a factor that does not
+        # depend on g, formed here in bulk over all steps: d(n's input) = g (1 - z)(1 - n^2),
+        # d(r's input) = that times hn r (1 - r), d(z's input) = g (h - n) z (1 - z), and the
+        # hidden projection's n part gets d(n's input) times r. ``p`` holds the hidden
+        # projection's three factors, ``q`` the input projection's.
         a = (1 - z) * (1 - n_all * n_all)
-        bc = torch.cat([hn * r * (1 - r), (prev_all - n_all) * z * (1 - z)], -1)
-        u_all = dout.new_empty(L, M, 2 * H)  # [d(n's input) | g] per step
+        rz_factors = torch.cat([a * hn * r * (1 - r), (prev_all - n_all) * z * (1 - z)], -1)
+        p = torch.cat([rz_factors, a * r], -1).view(L, M, 3, H)
+        q = torch.cat([rz_factors, a], -1).view(L, M, 3, H)
+        g_all = dout.new_empty(L, M, H)  # g per step
         dgh_all = dout.new_empty(L, M, 3 * H)  # d(hidden projection) per step
         w_t = weight.T  # [3H, H]
         dh = dout.new_zeros(M, H)
         steps = zip(
             dout.unbind(0),
-            u_all.unbind(0),
-            u_all[..., :H].unbind(0),
-            u_all[..., H:].unbind(0),
+            g_all.unbind(0),
             dgh_all.unbind(0),
-            dgh_all[..., : 2 * H].unbind(0),
-            dgh_all[..., 2 * H :].unbind(0),
-            a.unbind(0),
-            bc.unbind(0),
-            r.unbind(0),
+            p.unbind(0),
             z.unbind(0),
             strict=True,
         )
-        for t, (d_out, u, dn, g, dgh, drz, dhn, a_t, bc_t, r_t, z_t) in reversed(
-            list(enumerate(steps))
-        ):
+        for t, (d_out, g, dgh, p_t, z_t) in reversed(list(enumerate(steps))):
             torch.add(dh, d_out, out=g)
-            torch.mul(g, a_t, out=dn)
-            torch.mul(u, bc_t, out=drz)
-            torch.mul(dn, r_t, out=dhn)
+            torch.mul(g.unsqueeze(1), p_t, out=dgh.view(M, 3, H))
             dh = torch.addmm(g * z_t, dgh, w_t)  # h' = n + z (h - n): z g reaches h directly
             if t in ctx.cuts:
                 dh = dh * keep[t]
         dweight = prev_all.reshape(L * M, H).T @ dgh_all.reshape(L * M, 3 * H)
-        dgx = torch.cat([dgh_all[..., : 2 * H], u_all[..., :H]], -1)
+        dgx = (g_all.unsqueeze(2) * q).view(L, M, 3 * H)
         return dgx, dh.reshape(h0.shape), dweight, dgh_all.sum((0, 1)), None, None, None
