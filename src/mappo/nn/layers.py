@@ -108,12 +108,13 @@ def _traced(x: Tensor) -> bool:
     return torch.compiler.is_compiling() or torch._C._functorch.is_batchedtensor(x)
 
 
-SEQUENCE_MAX_STEP = 8192
+SEQUENCE_MAX_STEP = 2048
 """Rows x hidden units per step up to which training runs a GRU sequence in
-:class:`~mappo.nn.gru_sequence.SequenceGRU`: where steps are that small the cost is the number
-of ops per step, which it cuts (JaxMARL's recurrent settings, 12 rows x 128 units: 1.6x faster
-in training); with larger steps (the paper's 960 rows x 64) autograd's path was as fast or
-faster (BENCHMARKS.md, "Recurrent training")."""
+:class:`~mappo.nn.gru_sequence.SequenceGRU`. Where steps are that small the cost is the number
+of ops per step, which it cuts: JaxMARL's recurrent settings (12 rows x 128 units for the actor,
+4 x 128 for the critic) trained 1.86x faster. With larger steps its bulk passes over all steps
+cost more than they save: at 96 x 64 (a value-family batch of whole episodes) and 480-960 x 64
+(the paper's chunks) autograd's path was 1.3-2x faster (BENCHMARKS.md, "Recurrent training")."""
 
 
 class RecurrentCore(nn.Module):
