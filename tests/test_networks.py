@@ -242,8 +242,8 @@ def test_the_written_out_gru_passes_gradcheck() -> None:
 
 
 def test_gru_inference_and_large_steps_keep_autograd_s_path(monkeypatch) -> None:
-    """Without gradients, or with steps above ``SEQUENCE_MAX_STEP`` rows x units, or for an
-    LSTM, the sequence does not go through :class:`SequenceGRU`."""
+    """Without gradients, inside ``torch.func.grad``, with steps above ``SEQUENCE_MAX_STEP``
+    rows x units, or for an LSTM, the sequence does not go through :class:`SequenceGRU`."""
     import mappo.nn.layers
 
     core, x, state, starts, inject = _gru_sequence_case(torch.float32)
@@ -254,6 +254,18 @@ def test_gru_inference_and_large_steps_keep_autograd_s_path(monkeypatch) -> None
         core(x, state, starts, inject)
     lstm = RecurrentCore(8, "lstm", 1, layer_norm=False)
     lstm(x.detach(), torch.zeros(*state.shape[:-1], 16), starts)
+    params = dict(core.named_parameters())
+
+    def loss(p):
+        out, _ = torch.func.functional_call(core, p, (x.detach(), state.detach(), starts, inject))
+        return out.square().sum()
+
+    grads = torch.func.grad(loss)(params)  # inside torch.func: autograd's path
+    want = torch.autograd.grad(loss(params), list(params.values()))
+    for g, w in zip(grads.values(), want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    assert used == [1]  # only the plain autograd call above
+    used.clear()
     monkeypatch.setattr(mappo.nn.layers, "SEQUENCE_MAX_STEP", x[0].numel() - 1)
     core(x, state, starts, inject)
     assert used == []

@@ -203,12 +203,15 @@ class RecurrentCore(nn.Module):
         return self.norm(torch.stack(outputs)), state
 
     def _trains(self, x: Tensor, inject: Tensor | None) -> bool:
-        """Whether this call records gradients for :class:`SequenceGRU` to compute: a GRU, with
-        autograd on, through the input or the parameters, and no gradient into ``inject``."""
+        """Whether this call records gradients for :class:`SequenceGRU` to compute: a GRU on
+        small steps, with autograd on, through the input or the parameters, no gradient into
+        ``inject``, and outside ``torch.func`` transforms (the gradient step's ``grad``, the
+        stacked seeds' ``vmap``), which would need the Function's own rules for them."""
         return (
             self.kind == "gru"
             and x[0].numel() <= SEQUENCE_MAX_STEP
             and torch.is_grad_enabled()
+            and torch._C._functorch.peek_interpreter_stack() is None
             and (x.requires_grad or self.hidden_proj.weight.requires_grad)
             and (inject is None or not inject.requires_grad)
         )
