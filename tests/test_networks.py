@@ -180,7 +180,8 @@ def test_fused_whole_episode_unroll_equals_the_stepwise_one(kind, layer_norm):
 
 def _gru_sequence_case(dtype: torch.dtype):
     """A GRU core, inputs with two batch axes and agents, resets at scattered steps (some rows
-    only, and all rows at once) and one injected state, in ``dtype``."""
+    only, and all rows at once), a state injected where an episode starts and one injected at
+    a step where none does, in ``dtype``."""
     torch.manual_seed(1)
     core = RecurrentCore(8, "gru", 1, layer_norm=True).to(dtype)
     L, B, C = 9, (2, 3), 2
@@ -189,8 +190,10 @@ def _gru_sequence_case(dtype: torch.dtype):
     starts = torch.zeros(L, *B, dtype=torch.bool)
     starts[3, 0, 1] = True
     starts[6] = True
+    starts[0, 1, 2] = True  # some rows start at the first step
     inject = torch.zeros(L, *B, C, 8, dtype=dtype)
     inject[3, 0, 1] = torch.randn(C, 8, dtype=dtype)
+    inject[1, 1, 0] = torch.randn(C, 8, dtype=dtype)  # added to a state that carries on
     return core, x, state, starts, inject
 
 
@@ -209,11 +212,20 @@ def test_the_written_out_gru_backward_equals_autograd(monkeypatch) -> None:
         loss = (out * w).sum() + final.square().sum()
         return out, final, torch.autograd.grad(loss, [x, state, *core.parameters()])
 
-    got = run()
-    assert used == [1]
+    def final_only():
+        out, final = core(x, state, starts, inject)
+        wrt = [x, state, *core.parameters()]  # the LayerNorm after the outputs is unused
+        return out, final, torch.autograd.grad(final.sum(), wrt, allow_unused=True)
+
+    got, got_final = run(), final_only()
+    assert used == [1, 1]
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # the step loop
-    want = run()
-    assert used == [1]
+    want, want_final = run(), final_only()
+    assert used == [1, 1]
+    for a, b in zip(got_final[2], want_final[2], strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=1e-12)
     torch.testing.assert_close(got[1], want[1], rtol=0, atol=1e-12)
     for a, b in zip(got[2], want[2], strict=True):

@@ -39,6 +39,11 @@ class SequenceGRU(torch.autograd.Function):
     Returns:
         ``[L, M, H]`` the state after each step (the GRU's output; the last row is the final
         state).
+
+    ``h0`` and the output are saved for the backward, so neither may be changed in place
+    before it (autograd raises if they are). First-order reverse mode only: no double
+    backward, forward-mode AD or ``torch.func`` transforms (``RecurrentCore`` uses autograd's
+    path there).
     """
 
     @staticmethod
@@ -59,7 +64,7 @@ class SequenceGRU(torch.autograd.Function):
         rz_all = gx.new_empty(L, M, 2 * H)  # gates r, z (after the sigmoid)
         n_all = gx.new_empty(L, M, H)
         cut = set(cuts)
-        reset: dict[int, Tensor] = {}  # the state read at each cut (after keep and inject)
+        reset: list[Tensor] = []  # the state read at each cut (after keep and inject)
         # Views of every step made in bulk (one call each): indexing per step would cost more
         # than the step's arithmetic.
         steps = zip(
@@ -77,24 +82,26 @@ class SequenceGRU(torch.autograd.Function):
                 h = h * keep[t]
                 if inject is not None:
                     h = h + inject[t]
-                reset[t] = h
+                reset.append(h)
             torch.addmm(bias, h, weight, out=gh)
             torch.add(gx_rz, gh[:, : 2 * H], out=rz).sigmoid_()
             torch.addcmul(gx_n, rz[:, :H], gh[:, 2 * H :], out=n).tanh_()
             h = torch.lerp(n, h, rz[:, H:], out=h_out)
-        ctx.save_for_backward(weight, keep, h0, gh_all, rz_all, n_all, out)
-        ctx.cuts, ctx.reset = cut, reset
+        resets = torch.stack(reset) if reset else gx.new_empty(0, M, H)
+        ctx.save_for_backward(weight, keep, h0, gh_all, rz_all, n_all, out, resets)
+        ctx.cuts = sorted(cut)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, dout: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        weight, keep, h0, gh_all, rz_all, n_all, out = ctx.saved_tensors
+        weight, keep, h0, gh_all, rz_all, n_all, out, resets = ctx.saved_tensors
         L, M, H = n_all.shape
         # The state each step read: the previous output, or what the cut made of it.
         prev_all = torch.cat([h0.reshape(1, M, H), out[:-1]])
-        for t, h in ctx.reset.items():
-            prev_all[t] = h
+        if ctx.cuts:
+            prev_all[ctx.cuts] = resets
+        cuts = set(ctx.cuts)
         r, z, hn = rz_all[..., :H], rz_all[..., H:], gh_all[..., 2 * H :]
         # With g = dL/dh' at a step, every gate's gradient is g times a factor that does not
         # depend on g, formed here in bulk over all steps: d(n's input) = g (1 - z)(1 - n^2),
@@ -121,8 +128,11 @@ class SequenceGRU(torch.autograd.Function):
             torch.add(dh, d_out, out=g)
             torch.mul(g.unsqueeze(1), p_t, out=dgh.view(M, 3, H))
             dh = torch.addmm(g * z_t, dgh, w_t)  # h' = n + z (h - n): z g reaches h directly
-            if t in ctx.cuts:
+            if t in cuts:
                 dh = dh * keep[t]
-        dweight = prev_all.reshape(L * M, H).T @ dgh_all.reshape(L * M, 3 * H)
-        dgx = (g_all.unsqueeze(2) * q).view(L, M, 3 * H)
-        return dgx, dh.reshape(h0.shape), dweight, dgh_all.sum((0, 1)), None, None, None
+        need_gx, need_h0, need_w, need_b = ctx.needs_input_grad[:4]
+        dweight = prev_all.reshape(L * M, H).T @ dgh_all.reshape(L * M, 3 * H) if need_w else None
+        dbias = dgh_all.sum((0, 1)) if need_b else None
+        dgx = (g_all.unsqueeze(2) * q).view(L, M, 3 * H) if need_gx else None
+        dh0 = dh.reshape(h0.shape) if need_h0 else None
+        return dgx, dh0, dweight, dbias, None, None, None

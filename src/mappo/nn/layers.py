@@ -105,7 +105,11 @@ def _traced(x: Tensor) -> bool:
     """Whether ``x`` is being traced (``torch.compile``) or batched by ``torch.func.vmap`` (the
     seed-stacked path): the fused path below reads which steps reset on the host, which
     neither allows."""
-    return torch.compiler.is_compiling() or torch._C._functorch.is_batchedtensor(x)
+    return (
+        torch.compiler.is_compiling()
+        or torch._C._functorch.is_batchedtensor(x)
+        or torch._C._functorch.peek_interpreter_stack() is not None  # vmapped parameters
+    )
 
 
 SEQUENCE_MAX_STEP = 2048
@@ -211,6 +215,7 @@ class RecurrentCore(nn.Module):
             self.kind == "gru"
             and x[0].numel() <= SEQUENCE_MAX_STEP
             and torch.is_grad_enabled()
+            and not torch.is_autocast_enabled("cpu")  # its out= buffers take the input's dtype
             and torch._C._functorch.peek_interpreter_stack() is None
             and (x.requires_grad or self.hidden_proj.weight.requires_grad)
             and (inject is None or not inject.requires_grad)
