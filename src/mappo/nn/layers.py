@@ -112,6 +112,16 @@ def _traced(x: Tensor) -> bool:
     )
 
 
+def _cut_steps(starts: Tensor, inject: Tensor | None) -> list[int]:
+    """The steps (``starts`` ``[L, *B]``) where some row starts an episode or has a state
+    injected (``inject`` ``[L, *B, C, S]`` nonzero): one host sync."""
+    L = starts.shape[0]
+    cuts = starts.reshape(L, -1).any(1)
+    if inject is not None:
+        cuts |= inject.reshape(L, -1).ne(0).any(1)
+    return cuts.nonzero().flatten().tolist()
+
+
 SEQUENCE_MAX_STEP = 2048
 """Rows x hidden units per step up to which training runs a GRU sequence in
 :class:`~mappo.nn.gru_sequence.SequenceGRU`. Where steps are that small the cost is the number
@@ -174,23 +184,19 @@ class RecurrentCore(nn.Module):
         """
         shared = self.input_proj.copies == 1
         keep = (1.0 - starts.to(x.dtype)).unsqueeze(-1).unsqueeze(-1)  # [L, *B, 1, 1]
-        if shared and x.shape[0] > 1 and x.is_cpu and not _traced(x) and self._trains(x, inject):
+        eager_cpu = shared and x.shape[0] > 1 and x.is_cpu and not _traced(x)
+        if eager_cpu and self._trains(x, inject):
             # Eager training on the CPU with small steps: the backward through time written out
             # (mappo.nn.gru_sequence), fewer ops per step than autograd records.
-            return self._sequence(x, state, starts, keep, inject)
+            return self._sequence(x, state, keep, inject, _cut_steps(starts, inject))
         if whole_episodes and inject is None and shared:
             return self._segments(x, state, keep, None, [0])
-        if shared and x.shape[0] > 1 and x.is_cpu and not _traced(x):
+        if eager_cpu:
             # Eager training on sequences: between steps where some row resets, the whole batch
             # runs in torch's fused kernel (the MAPPO paper's RNNLayer does the same). One host
             # sync finds those steps; where they are too many, the loop below is cheaper. CPU
             # only: on CUDA the fused kernel is cuDNN's, which may compute in TF32.
-            L = x.shape[0]
-            cuts = starts.reshape(L, -1).any(1)
-            if inject is not None:
-                cuts |= inject.reshape(L, -1).ne(0).any(1)
-            cuts[0] = True
-            where = cuts.nonzero().flatten().tolist()
+            where = sorted({0, *_cut_steps(starts, inject)})
             if len(where) <= x.shape[0] // 2:
                 return self._segments(x, state, keep, inject, where)
         # unbind (not projected[t]): its backward is one stack, where indexing would zero-fill
@@ -222,15 +228,13 @@ class RecurrentCore(nn.Module):
         )
 
     def _sequence(
-        self, x: Tensor, state: Tensor, starts: Tensor, keep: Tensor, inject: Tensor | None
+        self, x: Tensor, state: Tensor, keep: Tensor, inject: Tensor | None, cuts: list[int]
     ) -> tuple[Tensor, Tensor]:
-        """The sequence in :class:`SequenceGRU` (rows of ``*B`` and ``C`` flattened)."""
+        """The sequence in :class:`SequenceGRU` (rows of ``*B`` and ``C`` flattened); ``cuts``:
+        the steps where some row resets or has a state injected."""
         L, H = x.shape[0], self.size
         gx = self.input_proj(x)
         M = gx[0].numel() // (3 * H)
-        cuts = starts.reshape(L, -1).any(1)
-        if inject is not None:
-            cuts |= inject.reshape(L, -1).ne(0).any(1)
         out = SequenceGRU.apply(
             gx.reshape(L, M, 3 * H),
             state.reshape(M, H),
@@ -238,7 +242,7 @@ class RecurrentCore(nn.Module):
             self.hidden_proj.bias[0],
             keep.expand(*x.shape[:-1], 1).reshape(L, M, 1),
             None if inject is None else inject.reshape(L, M, H),
-            cuts.nonzero().flatten().tolist(),
+            cuts,
         )
         return self.norm(out.reshape(x.shape)), out[-1].reshape(state.shape)
 
