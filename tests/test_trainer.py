@@ -325,3 +325,70 @@ def test_a_format_1_checkpoint_still_resumes(tmp_path):
     assert converted["progress"] == new["progress"]
     resumed = resume(run.dir, {"total_env_steps": 8 * 25 * 4})
     assert resumed.summary["env_steps"] == 800
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # dead agents leave the losses: a local critic per agent, agent ids, two action heads
+        {
+            "env.name": "toy/match",
+            "env.kwargs": {"masks": True, "deaths": True, "two_heads": True},
+            "rollout_length": 7,
+            "algo.critic_input": "local",
+            "model.agent_id": True,
+        },
+        # turn-based: one player of two in the losses; the critic is one per game (broadcast)
+        {
+            "env.name": "hanabi/small-2p",
+            "rollout_length": 9,
+            "algo.value_norm": "popart",
+            "model.hidden_sizes": [32],
+        },
+        # the same with one critic per player (independent critics)
+        {"env.name": "hanabi/small-2p", "rollout_length": 9, "algo.critic_input": "local"},
+    ],
+)
+def test_losses_over_the_active_rows_equal_the_masked_losses(overrides, monkeypatch):
+    """A feed-forward network with shared parameters is evaluated only on the rows its
+    active-masked losses use; the loss terms and the gradients equal those of the masked
+    losses over every row (up to the order of the sums)."""
+    from mappo.algos import mappo as algo
+    from mappo.nn.actor_critic import Actor, Critic
+
+    trainer = _collected({**overrides, "model.recurrent": "none"})
+    policy, cfg = trainer.policy, trainer.cfg
+    samples = make_samples(policy, trainer.collector.rollout, cfg.algo, False)
+    alive = next(iter(samples.groups.values())).alive
+    assert 0 < float(alive.mean()) < algo.LOSS_ROWS_MAX_SHARE
+
+    calls = {"actor": 0, "critic": 0}
+
+    def counted(kind, fn):
+        def wrapper(*args, **kwargs):
+            calls[kind] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(Actor, "forward_rows", counted("actor", Actor.forward_rows))
+    monkeypatch.setattr(Critic, "forward_rows", counted("critic", Critic.forward_rows))
+
+    def terms_and_grads() -> tuple[dict, dict]:
+        policy.zero_grad(set_to_none=True)
+        terms = algo.loss_terms(policy, samples, cfg.algo)
+        (terms["actor_loss"] + terms["critic_loss"]).backward()
+        grads = {k: p.grad.clone() for k, p in policy.named_parameters() if p.grad is not None}
+        return {k: v.detach() for k, v in terms.items()}, grads
+
+    rows_terms, rows_grads = terms_and_grads()
+    per_agent_critic = cfg.algo.critic_input == "local"
+    assert calls == {"actor": 1, "critic": 1 if per_agent_critic else 0}
+    monkeypatch.setattr(algo, "LOSS_ROWS_MAX_SHARE", 0.0)  # every row, masked
+    all_terms, all_grads = terms_and_grads()
+    assert calls["actor"] == 1
+    assert rows_terms.keys() == all_terms.keys() and rows_grads.keys() == all_grads.keys()
+    for k in all_terms:
+        torch.testing.assert_close(rows_terms[k], all_terms[k], atol=1e-6, rtol=1e-5)
+    for k in all_grads:
+        torch.testing.assert_close(rows_grads[k], all_grads[k], atol=1e-6, rtol=1e-5)

@@ -25,6 +25,7 @@ from mappo.algos.returns import gae, next_values, td_lambda
 from mappo.config import AlgoConfig
 from mappo.data import Rollout
 from mappo.nn.actor_critic import ActorCritic
+from mappo.nn.layers import traced
 
 # -- losses -----------------------------------------------------------------------------------
 
@@ -528,6 +529,31 @@ def _normalized_batch(policy: ActorCritic, samples: Samples, idx: Tensor | None)
     return batch
 
 
+LOSS_ROWS_MAX_SHARE = 0.9
+""":func:`loss_rows` selects rows only where at most this share of them is in the loss (the
+selection copies the inputs of the rows it keeps)."""
+
+
+def loss_rows(alive: Tensor, rowwise: bool) -> Tensor | None:
+    """The agent rows (bool ``[L, m, n]``) that a network's active-masked loss term uses, where
+    computing only those is exact and worth it; ``None`` to compute every row.
+
+    A turn-based game leaves all but one player out of the losses at every step (Hanabi: half
+    the rows with two players, three quarters with four), and a battle its dead agents. Where
+    the network is ``rowwise`` (feed-forward, parameters shared), the losses over the selected
+    rows equal the masked losses over all of them (up to the order of the sums), for a fraction
+    of the compute. Eager CPU only: the selection reads the mask's count on the host, which a
+    traced graph cannot and which would stall a GPU's queue; and not when ``alive`` holds
+    weights other than 0 and 1."""
+    if not rowwise or not alive.is_cpu or traced(alive):
+        return None
+    rows = alive > 0
+    kept = int(rows.sum())
+    if kept == 0 or kept > LOSS_ROWS_MAX_SHARE * rows.numel() or bool((alive[rows] != 1).any()):
+        return None
+    return rows
+
+
 def loss_terms(policy: ActorCritic, batch: Samples, cfg: AlgoConfig) -> dict[str, Tensor]:
     """The loss terms of a mini-batch ``batch`` (already selected; normalisers already updated):
     ``actor_loss`` and ``critic_loss`` (to minimise) and per-group diagnostics. Pure: reads the
@@ -538,26 +564,40 @@ def loss_terms(policy: ActorCritic, batch: Samples, cfg: AlgoConfig) -> dict[str
     critic_loss = torch.zeros((), device=starts.device)
     for name, s in batch.groups.items():
         alive = s.alive  # [L, m, n]; also 0 on padding
-        dist, _ = policy.actors[name](s.obs, s.actor_state, starts, s.action_mask, s.actor_inject)
-        log_probs = dist.log_prob(s.actions)
-        surrogate, ratio = policy_loss(log_probs, s.log_probs, s.advantages, cfg.clip)
-        p_mask = alive if cfg.policy_active_masks else valid.unsqueeze(-1)
+        actor = policy.actors[name]
+        rows = loss_rows(alive, actor.rowwise and cfg.policy_active_masks)
+        if rows is None:
+            dist, _ = actor(s.obs, s.actor_state, starts, s.action_mask, s.actor_inject)
+            log_probs = dist.log_prob(s.actions)
+            old_log_probs, advantages = s.log_probs, s.advantages
+            p_mask: Tensor | None = alive if cfg.policy_active_masks else valid.unsqueeze(-1)
+        else:  # only the rows in the loss, every one weighted 1
+            dist = actor.forward_rows(s.obs, rows, s.action_mask)
+            log_probs = dist.log_prob(s.actions[rows])
+            old_log_probs, advantages, p_mask = s.log_probs[rows], s.advantages[rows], None
+        surrogate, ratio = policy_loss(log_probs, old_log_probs, advantages, cfg.clip)
         pg = masked_mean(surrogate, p_mask)
         entropy = masked_mean(dist.entropy(), p_mask)
 
         critic = policy.critics[name]
         targets = critic.normalize(s.returns)  # [L, m, n]
-        values, _ = critic(s.critic_x, s.critic_state, starts, s.critic_inject)
         n = s.returns.shape[-1]
-        old_values = s.values.expand(-1, -1, n)
-        v_loss_all = value_loss(values.expand(-1, -1, n), old_values, targets, cfg)
-        v_mask = alive if cfg.value_active_masks else valid.unsqueeze(-1)
-        v_loss = masked_mean(v_loss_all, v_mask)
+        per_agent = s.values.shape[-1] == n  # one value per agent (not one per env, broadcast)
+        rows = loss_rows(alive, critic.rowwise and cfg.value_active_masks and per_agent)
+        if rows is None:
+            values, _ = critic(s.critic_x, s.critic_state, starts, s.critic_inject)
+            old_values = s.values.expand(-1, -1, n)
+            v_loss_all = value_loss(values.expand(-1, -1, n), old_values, targets, cfg)
+            v_mask = alive if cfg.value_active_masks else valid.unsqueeze(-1)
+            v_loss = masked_mean(v_loss_all, v_mask)
+        else:
+            values = critic.forward_rows(s.critic_x, rows)
+            v_loss = value_loss(values, s.values[rows], targets[rows], cfg).mean()
 
         actor_loss = actor_loss + pg - cfg.entropy_coef * entropy
         critic_loss = critic_loss + cfg.value_coef * v_loss
         with torch.no_grad():
-            log_ratio = log_probs - s.log_probs
+            log_ratio = log_probs - old_log_probs
             terms[f"{name}/policy_loss"] = pg
             terms[f"{name}/value_loss"] = v_loss
             terms[f"{name}/entropy"] = entropy

@@ -124,13 +124,36 @@ class Actor(nn.Module):
         ``mask [L, *B, n, sum(nvec)]`` -> distribution over ``[L, *B, n]`` and the final state.
         ``inject [L, *B, n, S]`` is added to the state after the reset at ``starts`` (see
         :class:`~mappo.nn.layers.RecurrentCore`). Continuous groups have no mask."""
-        x = obs.flatten(starts.dim() + 1) if obs.dim() > starts.dim() + 2 else obs
+        x = self._inputs(obs, starts.dim())
+        h, state = self.trunk(x, state, starts, inject)
+        return self._policy(self.head(h), mask), state
+
+    @property
+    def rowwise(self) -> bool:
+        """Whether every agent row's output depends on that row alone (no recurrence, one set
+        of parameters for all agents), so that rows can be evaluated apart
+        (:meth:`forward_rows`)."""
+        return self.trunk.rnn is None and self.copies == 1
+
+    def forward_rows(self, obs: Tensor, rows: Tensor, mask: Tensor | None) -> Policy:
+        """The policy at the agent rows ``rows`` (bool ``[L, *B, n]``) only: ``obs`` and ``mask``
+        as in :meth:`forward` -> a distribution over ``[K]``, the ``K`` selected rows in
+        row-major order. Only for a :attr:`rowwise` actor (the loss uses it to skip the rows
+        its masks leave out, e.g. the players who wait for their turn)."""
+        x = self._inputs(obs, rows.dim() - 1)[rows]  # [K, in]
+        return self._policy(self.head(self.trunk.mlp(x)), None if mask is None else mask[rows])
+
+    def _inputs(self, obs: Tensor, lead: int) -> Tensor:
+        """``obs [*lead dims, n, *obs_shape]`` flattened to ``[*lead, n, in]``, agent id added."""
+        x = obs.flatten(lead + 1) if obs.dim() > lead + 2 else obs
         if self.agent_id:
             x = torch.cat([x, self.eye.expand(*x.shape[:-1], -1)], -1)
-        h, state = self.trunk(x, state, starts, inject)
-        out = self.head(h)
+        return x
+
+    def _policy(self, out: Tensor, mask: Tensor | None) -> Policy:
+        """The distribution of the head's output ``out [..., out]`` (``mask [..., sum(nvec)]``)."""
         if not self.continuous:
-            return MultiCategorical(out, self.nvec, mask), state
+            return MultiCategorical(out, self.nvec, mask)
         if self.state_dependent_std:
             mean, log_std = out.chunk(2, dim=-1)
         else:
@@ -138,7 +161,7 @@ class Actor(nn.Module):
         # Bounds keep exp() finite and the std from collapsing to 0 (a NaN log-prob), and stop
         # an entropy bonus from widening the std without end once tanh actions saturate.
         log_std = log_std.clamp(_LOG_STD_MIN, _LOG_STD_MAX)
-        return DiagGaussian(mean, log_std, self.low, self.high, self.bounds), state
+        return DiagGaussian(mean, log_std, self.low, self.high, self.bounds)
 
 
 _LOG_STD_MIN, _LOG_STD_MAX = -20.0, 2.0
@@ -169,6 +192,16 @@ class Critic(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         h, state = self.trunk(x, state, starts, inject)
         return self.head(h).squeeze(-1), state
+
+    @property
+    def rowwise(self) -> bool:
+        """As :attr:`Actor.rowwise`: no recurrence and one set of parameters for all rows."""
+        return self.trunk.rnn is None and self.copies == 1
+
+    def forward_rows(self, x: Tensor, rows: Tensor) -> Tensor:
+        """Normalised values ``[K]`` at the rows ``rows`` (bool ``[L, *B, C]``) of ``x [L, *B, C,
+        in]`` only, in row-major order; for a :attr:`rowwise` critic."""
+        return self.head(self.trunk.mlp(x[rows])).squeeze(-1)
 
     def denormalize(self, v: Tensor) -> Tensor:
         return self.normalizer.denormalize(v.unsqueeze(-1)).squeeze(-1) if self.normalizer else v

@@ -101,7 +101,7 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-def _traced(x: Tensor) -> bool:
+def traced(x: Tensor) -> bool:
     """Whether ``x`` is being traced (``torch.compile``) or batched by ``torch.func.vmap`` (the
     seed-stacked path): the fused path below reads which steps reset on the host, which
     neither allows."""
@@ -184,7 +184,7 @@ class RecurrentCore(nn.Module):
         """
         shared = self.input_proj.copies == 1
         keep = (1.0 - starts.to(x.dtype)).unsqueeze(-1).unsqueeze(-1)  # [L, *B, 1, 1]
-        eager_cpu = shared and x.shape[0] > 1 and x.is_cpu and not _traced(x)
+        eager_cpu = shared and x.shape[0] > 1 and x.is_cpu and not traced(x)
         if eager_cpu and self._trains(x, inject):
             # Eager training on the CPU with small steps: the backward through time written out
             # (mappo.nn.gru_sequence), fewer ops per step than autograd records.
