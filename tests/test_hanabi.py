@@ -514,3 +514,72 @@ def test_impossible_rules_are_refused_in_one_line():
     ):
         with pytest.raises(EnvError, match=message):
             make("hanabi/full-2p", num_envs=1, **kwargs)
+
+
+def _paper_knowledge_bits(rules: HanabiRules, s: dict, observer: int) -> list[int]:
+    """The paper code's knowledge section for one observer of one game (``s``: that game's
+    state as lists), computed card by card as its C++ does: plausible (0/1) times the copies
+    left, divided by the slot's sum in an integer (so truncated)."""
+    p, h, c, rk = rules.players, rules.hand, rules.colors, rules.ranks
+    left = []
+    for card in range(c * rk):
+        color, rank = divmod(card, rk)
+        played = s["fireworks"][color] > rank
+        left.append(rules.instances(rank) - s["discards"][card] - int(played))
+    bits = []
+    for k in range(p):
+        holder = (observer + k) % p
+        for slot in range(h):
+            enc = [0] * (c * rk)
+            if slot < s["hand_count"][holder]:
+                for card in range(c * rk):
+                    color, rank = divmod(card, rk)
+                    ok = s["color_ok"][holder][slot][color] and s["rank_ok"][holder][slot][rank]
+                    enc[card] = int(ok) * left[card]
+                total = float(sum(enc))
+                enc = [int(v / total) for v in enc]
+            bits += enc
+            bits += [int(s["color_hint"][holder][slot] == i) for i in range(c)]
+            bits += [int(s["rank_hint"][holder][slot] == i) for i in range(rk)]
+    return bits
+
+
+def test_the_paper_observation_is_the_paper_codes():
+    """``observation="paper"``: the canonical observation with the knowledge section's
+    plausible cards replaced as the paper code's integer "V0 belief" computes them (the card's
+    one-hot where it is determined, else zeros) and a one-hot of the player to act appended, to
+    the global state too."""
+    n, players = 24, 3
+    paper = make("hanabi/full-3p", num_envs=n, seed=5, observation="paper")
+    plain = make("hanabi/full-3p", num_envs=n, seed=5)
+    sp, sc = paper.reset(), plain.reset()
+    r = plain.rules
+    cards = r.colors * r.ranks
+    per_slot = cards + r.colors + r.ranks
+    start = r.observation_size - r.players * r.hand * per_slot  # the knowledge section
+    size = r.observation_size + players
+    rows = torch.arange(n)
+    gen = torch.Generator().manual_seed(3)
+    determined = 0
+    for _ in range(12):
+        me = paper.games.state["player"]
+        obs_p, obs_c = sp.obs["players"], sc.obs["players"]
+        assert obs_p.shape == (n, players, size)
+        torch.testing.assert_close(obs_p[..., :start], obs_c[..., :start], rtol=0, atol=0)
+        turn = torch.nn.functional.one_hot(me, players).float()
+        torch.testing.assert_close(obs_p[..., -players:], turn[:, None].expand(-1, players, -1))
+        torch.testing.assert_close(sp.state[:, :size], obs_p[rows, me])
+        torch.testing.assert_close(sp.state[:, size:], sc.state[:, r.observation_size :])
+        state = {k: v.tolist() for k, v in paper.games.state.items()}
+        for g in range(n):
+            game = {k: v[g] for k, v in state.items()}
+            for o in range(players):
+                want = _paper_knowledge_bits(r, game, o)
+                assert obs_p[g, o, start : r.observation_size].long().tolist() == want, (g, o)
+                determined += sum(sum(want[i : i + cards]) for i in range(0, len(want), per_slot))
+        acts = _random_actions(sp, gen)
+        sp, sc = paper.step(acts), plain.step(acts)
+    # the hints of random play determine some cards (the section is not all zeros)
+    assert determined > 0
+    with pytest.raises(EnvError, match="observation must be"):
+        make("hanabi/full-2p", num_envs=1, observation="belief")

@@ -5,14 +5,17 @@ they are not ``alive`` for that step (so the trainer leaves them out of the poli
 losses, as the MAPPO paper does with its active masks) and their action mask allows only move 0
 (the contract's convention for an agent that does not act). Every player is rewarded the change
 of the score. Observations are each player's canonical HLE observation
-(:meth:`~mappo.envs.hanabi.game.HanabiGames.observe`).
+(:meth:`~mappo.envs.hanabi.game.HanabiGames.observe`); with ``observation="paper"``, the MAPPO
+paper code's instead: its knowledge section
+(:meth:`~mappo.envs.hanabi.game.HanabiGames.paper_belief`) and a one-hot of the player to act
+appended (to the global state too), as its env does.
 
 The global state (the centralized critic's input) is the observation of the player to act with
 that player's own hand added (one-hot per slot): the only information the players do not share
 is their own cards, so this is the whole game seen from the acting seat. It is the paper code's
-critic input (its Hanabi env's ``share_obs``: the acting player's own hand and observation),
-without the one-hot of the player to act that the paper code appends to both inputs (here only
-the acting player's inputs enter the losses).
+critic input (its Hanabi env's ``share_obs``: the acting player's own hand and observation);
+the one-hot of the player to act that the paper code appends to both inputs is there with
+``observation="paper"`` only.
 
 Games end by themselves (lives, complete fireworks, the last round after the deck); no time
 limit cuts them, so every end is a termination. Episode statistics: ``score``, ``perfect`` (1
@@ -57,8 +60,15 @@ class HanabiEnv(BatchedEnv):
         hand_size: int | None = None,
         max_information_tokens: int = 8,
         max_life_tokens: int = 3,
+        observation: str = "canonical",
     ) -> None:
         super().__init__(num_envs, device, seed)
+        if observation not in ("canonical", "paper"):
+            raise EnvError(
+                f"hanabi: observation must be 'canonical' (the HLE's, as OpenSpiel returns it) "
+                f"or 'paper' (the MAPPO paper code's), got {observation!r}"
+            )
+        self.observation = observation
         try:
             self.rules = HanabiRules(
                 players, colors, ranks, hand_size, max_information_tokens, max_life_tokens
@@ -69,6 +79,7 @@ class HanabiEnv(BatchedEnv):
         self.name = f"hanabi ({r.players} players, {r.colors} colors x {r.ranks} ranks)"
         self.games = HanabiGames(r, num_envs, self.device)
         self._cards = r.colors * r.ranks
+        obs_size = r.observation_size + (r.players if observation == "paper" else 0)
         # Moves run out long before this: each discard or play returns at most one token, so a
         # game has at most D draws + P final moves and as many hints as tokens it ever holds.
         limit = 2 * r.deck_size + r.max_information_tokens + r.players
@@ -76,12 +87,12 @@ class HanabiEnv(BatchedEnv):
             groups={
                 "players": GroupSpec(
                     agents=tuple(f"player_{i}" for i in range(r.players)),
-                    obs_shape=(r.observation_size,),
+                    obs_shape=(obs_size,),
                     action=ActionSpec((r.num_moves,)),
                     has_action_mask=True,
                 )
             },
-            state_shape=(r.observation_size + r.hand * self._cards,),
+            state_shape=(obs_size + r.hand * self._cards,),
             episode_limit=limit,
             stat_names=("score", "perfect", "lives_lost", "length"),
         )
@@ -215,8 +226,12 @@ class HanabiEnv(BatchedEnv):
         g = self.games if games is None else games
         e = g.batch
         me = g.state["player"]
-        views = g.observe_all()  # [E, P, obs] bool, by seat
+        paper = self.observation == "paper"
+        views = g.observe_all(paper_belief=paper)  # [E, P, obs] bool, by seat
         rows = torch.arange(e, device=self.device)
+        if paper:  # the paper code appends who acts (a one-hot by absolute seat) to every input
+            turn = self._seats[None, :] == me[:, None]  # [E, P]
+            views = torch.cat([views, turn[:, None, :].expand(e, self.rules.players, -1)], 2)
         hand = g.state["hands"][rows, me]  # [E, H]; empty slots (-1) one-hot to nothing
         hand_bits = hand[:, :, None] == torch.arange(self._cards, device=self.device)
         state = as_float(torch.cat([views[rows, me], hand_bits.reshape(e, -1)], dim=1))

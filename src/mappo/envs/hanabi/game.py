@@ -398,7 +398,7 @@ class HanabiGames:
         ``observer [B]`` sees (OpenSpiel's ``observation_tensor``); see :meth:`observe_all`."""
         return as_float(self.observe_all()[self._rows, observer])
 
-    def observe_all(self) -> Tensor:
+    def observe_all(self, paper_belief: bool = False) -> Tensor:
         """``[B, P, observation_size]`` bool: every player's canonical observation, by seat.
 
         Sections, each from the observer's seat on (offset ``k`` = the player ``k`` seats
@@ -407,6 +407,9 @@ class HanabiGames:
         a thermometer over its copies); the last move (player, kind, target, color, rank,
         revealed slots, slot, card, scored, token returned by a play); every player's card
         knowledge (plausible cards, revealed color, revealed rank).
+
+        ``paper_belief``: the knowledge section's plausible cards as the MAPPO paper's code
+        encodes them (:meth:`paper_belief`) instead.
         """
         r, s = self.rules, self.state
         p, h, c, rk = r.players, r.hand, r.colors, r.ranks
@@ -465,6 +468,8 @@ class HanabiGames:
         colors_ok = s["color_ok"].view(torch.uint8)[..., :, None]
         ranks_ok = s["rank_ok"].view(torch.uint8)[..., None, :]
         plausible = (colors_ok * ranks_ok).view(torch.bool).reshape(b, p, h, cards)
+        if paper_belief:
+            plausible = self.paper_belief(plausible)
         know = torch.cat(
             [
                 plausible[:, seat],
@@ -475,6 +480,26 @@ class HanabiGames:
         )
         parts.append(know.reshape(b, p, -1))
         return torch.cat(parts, dim=2)
+
+    def paper_belief(self, plausible: Tensor) -> Tensor:
+        """The MAPPO paper code's replacement of the plausible-card bits (``plausible [B, P, H,
+        C*R]`` bool, per holder's slot) by its "V0 belief" section.
+
+        Its Hanabi library (a copy of the HLE vendored in the paper's repository,
+        ``onpolicy/envs/hanabi/hanabi_lib/canonical_encoders.cc``, ``EncodeV0Belief_``)
+        multiplies each plausible card by the copies of it not yet discarded or played, and
+        divides by their sum over the slot, in an integer vector: the quotient truncates to 1
+        where one card is the only plausible one left with copies, and to 0 everywhere else. So
+        a slot's 25 bits are the one-hot of its card where hints and the public counts (not the
+        other hands) determine it, and all zero otherwise. Same length as the canonical section;
+        the revealed color and rank bits are unchanged.
+        """
+        s = self.state
+        played = (self._rank_ids < s["fireworks"][:, :, None]).reshape(s["fireworks"].shape[0], -1)
+        left = self.card_counts - s["discards"] - played.long()  # [B, C*R] copies not public
+        weight = plausible.long() * left[:, None, None, :]
+        total = weight.sum(-1, keepdim=True)
+        return (weight == total) & (total > 0)
 
 
 def as_float(flags: Tensor) -> Tensor:
