@@ -427,9 +427,11 @@ def test_scripted_baseline_from_the_command_line(capsys):
     assert "unknown Hanabi variant 'hanabi/full-9p'" in capsys.readouterr().err
 
 
-def test_a_short_run_improves_its_score(tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_short_run_improves_its_score(tmp_path, precision):
     """Hanabi-Very-Small (one color): from the fresh policy's score to about 2 of 5 in 48k env
-    steps (the players learn to hint and play the next card instead of guessing)."""
+    steps (the players learn to hint and play the next card instead of guessing); also with
+    the networks in bfloat16."""
     from mappo import config as C
     from mappo.trainer import Trainer, evaluate, train
 
@@ -447,6 +449,7 @@ def test_a_short_run_improves_its_score(tmp_path):
             "tensorboard": False,
             "run_dir": str(tmp_path),
             "seed": 1,
+            "model.precision": precision,
         },
     )
     fresh = Trainer(cfg)

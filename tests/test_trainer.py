@@ -392,3 +392,60 @@ def test_losses_over_the_active_rows_equal_the_masked_losses(overrides, monkeypa
         torch.testing.assert_close(rows_terms[k], all_terms[k], atol=1e-6, rtol=1e-5)
     for k in all_grads:
         torch.testing.assert_close(rows_grads[k], all_grads[k], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("recurrent", ["none", "gru"])
+def test_bf16_networks_compute_in_bf16_and_hand_out_float32(recurrent):
+    """``model.precision=bf16``: the networks' linear layers run in bfloat16, their outputs,
+    states, parameters and the losses stay float32 and near the float32 networks' (bf16 has 8
+    bits of mantissa); an update moves the parameters, and the rollout's log-probabilities are
+    what the update's first pass recomputes (the first ratio is about 1)."""
+    from mappo.algos import mappo as algo
+
+    overrides = {
+        "env.name": "toy/match",
+        "env.kwargs": {"masks": True, "deaths": True},
+        "rollout_length": 10,
+        "model.recurrent": recurrent,
+        "algo.data_chunk_length": 5,
+    }
+    wide = _collected({**overrides, "model.precision": "bf16"})
+    narrow = _collected(overrides)
+    assert torch.equal(
+        wide.policy.actors["agents"].head.weight, narrow.policy.actors["agents"].head.weight
+    )
+    seen: list[torch.dtype] = []
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
+        for m in wide.policy.modules()
+        if isinstance(m, torch.nn.Linear) or type(m).__name__ == "AgentLinear"
+    ]
+    cfg = wide.cfg
+    samples = make_samples(wide.policy, wide.collector.rollout, cfg.algo, recurrent != "none")
+    s = samples.groups["agents"]
+    dist, state = wide.policy.actors["agents"](
+        s.obs, s.actor_state, samples.starts, s.action_mask, s.actor_inject
+    )
+    for h in hooks:
+        h.remove()
+    assert seen and set(seen) == {torch.bfloat16}
+    assert state.dtype == torch.float32
+    log_probs = dist.log_prob(s.actions)
+    assert log_probs.dtype == torch.float32
+    ref, _ = narrow.policy.actors["agents"](
+        s.obs, s.actor_state, samples.starts, s.action_mask, s.actor_inject
+    )
+    valid = samples.valid.bool()
+    torch.testing.assert_close(
+        log_probs[valid], ref.log_prob(s.actions)[valid], atol=0.05, rtol=0.05
+    )
+    # the rollout stored the bf16 network's log-probabilities: the first ratio is near 1
+    torch.testing.assert_close(log_probs[valid], s.log_probs[valid], atol=0.02, rtol=0.02)
+    terms = algo.loss_terms(wide.policy, samples, cfg.algo)
+    assert all(v.dtype == torch.float32 and torch.isfinite(v) for v in terms.values())
+    assert float(terms["agents/approx_kl"]) < 1e-3
+    before = [p.detach().clone() for p in wide.policy.parameters()]
+    wide.learner.iterate(wide.iteration, wide.env_steps)
+    after = list(wide.policy.parameters())
+    assert all(p.dtype == torch.float32 for p in after)
+    assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))

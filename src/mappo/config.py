@@ -93,6 +93,14 @@ class ModelConfig:
         "Continuous actions: the policy network outputs the log standard deviation (True) "
         "instead of one learned parameter per action component (False).",
     )
+    precision: str = _field(
+        "fp32",
+        "Arithmetic of the actor and critic networks: 'fp32', or 'bf16' (their matrix products "
+        "in bfloat16 under torch.autocast; parameters, optimiser, outputs and losses stay "
+        "float32). bf16 is faster where the hardware computes it natively (GPUs since Ampere, "
+        "CPUs with AMX or AVX512-BF16) and slower elsewhere. MAPPO/IPPO only.",
+        choices=("fp32", "bf16"),
+    )
 
 
 ALGO_NAMES = ("mappo", "iql", "vdn", "qmix", "coma")
@@ -611,6 +619,11 @@ def check(cfg: TrainConfig) -> None:
             f"config field 'num_seeds' is {cfg.num_seeds} but many seeds in one process cover "
             f"algo.name=mappo only, not {cfg.algo.name!r}; set num_seeds=1 and run the seeds "
             "as separate runs (e.g. `mappo sweep`)"
+        )
+    if cfg.model.precision != "fp32" and cfg.family != "ppo":
+        raise ConfigError(
+            f"config field 'model.precision' is {cfg.model.precision!r} but bf16 networks cover "
+            f"algo.name=mappo only, not {cfg.algo.name!r}; set model.precision=fp32"
         )
     if cfg.compile == "on" and cfg.family != "ppo":
         raise ConfigError(

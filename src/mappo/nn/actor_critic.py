@@ -6,6 +6,7 @@ critic copies (1 when every agent of the group would feed the critic the same in
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -58,6 +59,15 @@ class Trunk(nn.Module):
         return self.rnn(h, state, starts, inject, whole_episodes)
 
 
+def _precision(bf16: bool, x: Tensor) -> contextlib.AbstractContextManager:
+    """``model.precision``: the networks' matrix products in bfloat16 (``torch.autocast`` on
+    ``x``'s device) or as they are. Only the networks' own computations are inside it: their
+    outputs are cast back to float32, so distributions, losses and the env never see bf16."""
+    if not bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(x.device.type, dtype=torch.bfloat16)
+
+
 Policy = MultiCategorical | DiagGaussian
 """A group's action distribution: categorical heads, or a Gaussian over a box."""
 
@@ -74,6 +84,7 @@ class Actor(nn.Module):
         self.continuous = group.action.continuous
         self.copies = 1 if cfg.share_params else n
         self.agent_id = cfg.agent_id
+        self.bf16 = cfg.precision == "bf16"
         in_features = math.prod(group.obs_shape) + (n if cfg.agent_id else 0)
         self.trunk = Trunk(in_features, cfg, self.copies)
         d = group.action.total
@@ -124,9 +135,12 @@ class Actor(nn.Module):
         ``mask [L, *B, n, sum(nvec)]`` -> distribution over ``[L, *B, n]`` and the final state.
         ``inject [L, *B, n, S]`` is added to the state after the reset at ``starts`` (see
         :class:`~mappo.nn.layers.RecurrentCore`). Continuous groups have no mask."""
-        x = self._inputs(obs, starts.dim())
-        h, state = self.trunk(x, state, starts, inject)
-        return self._policy(self.head(h), mask), state
+        dtype = state.dtype
+        with _precision(self.bf16, obs):
+            x = self._inputs(obs, starts.dim())
+            h, state = self.trunk(x, state, starts, inject)
+            out = self.head(h)
+        return self._policy(out.float(), mask), state.to(dtype)
 
     @property
     def rowwise(self) -> bool:
@@ -140,8 +154,10 @@ class Actor(nn.Module):
         as in :meth:`forward` -> a distribution over ``[K]``, the ``K`` selected rows in
         row-major order. Only for a :attr:`rowwise` actor (the loss uses it to skip the rows
         its masks leave out, e.g. the players who wait for their turn)."""
-        x = self._inputs(obs, rows.dim() - 1)[rows]  # [K, in]
-        return self._policy(self.head(self.trunk.mlp(x)), None if mask is None else mask[rows])
+        with _precision(self.bf16, obs):
+            x = self._inputs(obs, rows.dim() - 1)[rows]  # [K, in]
+            out = self.head(self.trunk.mlp(x))
+        return self._policy(out.float(), None if mask is None else mask[rows])
 
     def _inputs(self, obs: Tensor, lead: int) -> Tensor:
         """``obs [*lead dims, n, *obs_shape]`` flattened to ``[*lead, n, in]``, agent id added."""
@@ -174,6 +190,7 @@ class Critic(nn.Module):
         super().__init__()
         self.copies = copies
         self.in_features = in_features
+        self.bf16 = cfg.precision == "bf16"
         self.trunk = Trunk(in_features, cfg, copies)
         self.head = AgentLinear(self.trunk.out_features, 1, copies)
         self.head.reset_parameters(gain=1.0)
@@ -190,8 +207,11 @@ class Critic(nn.Module):
     def forward(
         self, x: Tensor, state: Tensor, starts: Tensor, inject: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        h, state = self.trunk(x, state, starts, inject)
-        return self.head(h).squeeze(-1), state
+        dtype = state.dtype
+        with _precision(self.bf16, x):
+            h, state = self.trunk(x, state, starts, inject)
+            v = self.head(h)
+        return v.float().squeeze(-1), state.to(dtype)
 
     @property
     def rowwise(self) -> bool:
@@ -201,7 +221,9 @@ class Critic(nn.Module):
     def forward_rows(self, x: Tensor, rows: Tensor) -> Tensor:
         """Normalised values ``[K]`` at the rows ``rows`` (bool ``[L, *B, C]``) of ``x [L, *B, C,
         in]`` only, in row-major order; for a :attr:`rowwise` critic."""
-        return self.head(self.trunk.mlp(x[rows])).squeeze(-1)
+        with _precision(self.bf16, x):
+            v = self.head(self.trunk.mlp(x[rows]))
+        return v.float().squeeze(-1)
 
     def denormalize(self, v: Tensor) -> Tensor:
         return self.normalizer.denormalize(v.unsqueeze(-1)).squeeze(-1) if self.normalizer else v
