@@ -547,42 +547,65 @@ def _paper_knowledge_bits(rules: HanabiRules, s: dict, observer: int) -> list[in
     return bits
 
 
-def test_the_paper_observation_is_the_paper_codes():
+def _discards_first(step, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Discard slot 0 where allowed, else a random legal hint: never plays, so the games run
+    out the deck and end with short hands (empty slots)."""
+    mask = step.action_mask["players"].clone()
+    discard = mask[..., 0].clone()
+    mask[..., 0:10] = False  # no discards or plays among the hints (5-card hands)
+    e, p, m = mask.shape
+    mask[..., 0] |= ~mask.any(-1)  # waiting seats: move 0
+    hints = torch.multinomial(mask.reshape(-1, m).float(), 1, generator=gen).reshape(e, p)
+    return {"players": torch.where(discard, 0, hints)[..., None]}
+
+
+@pytest.mark.parametrize(
+    ("variant", "policy", "steps", "every"),
+    [("hanabi/full-3p", _random_actions, 12, 1), ("hanabi/full-3p", _discards_first, 100, 1)],
+)
+def test_the_paper_observation_is_the_paper_codes(variant, policy, steps, every):
     """``observation="paper"``: the canonical observation with the knowledge section's
     plausible cards replaced as the paper code's integer "V0 belief" computes them (the card's
-    one-hot where it is determined, else zeros) and a one-hot of the player to act appended, to
-    the global state too."""
-    n, players = 24, 3
-    paper = make("hanabi/full-3p", num_envs=n, seed=5, observation="paper")
-    plain = make("hanabi/full-3p", num_envs=n, seed=5)
+    one-hot where it is determined, else zeros) and a one-hot of the player to act appended; the
+    global state is the own hand and then that observation. Random play (hints determine some
+    cards) and play that runs out the deck (short hands)."""
+    n = 24 if policy is _random_actions else 4
+    paper = make(variant, num_envs=n, seed=5, observation="paper")
+    plain = make(variant, num_envs=n, seed=5)
     sp, sc = paper.reset(), plain.reset()
     r = plain.rules
-    cards = r.colors * r.ranks
+    players, cards = r.players, r.colors * r.ranks
     per_slot = cards + r.colors + r.ranks
-    start = r.observation_size - r.players * r.hand * per_slot  # the knowledge section
-    size = r.observation_size + players
+    start = r.observation_size - players * r.hand * per_slot  # the knowledge section
+    size, hand = r.observation_size + players, r.hand * cards
     rows = torch.arange(n)
     gen = torch.Generator().manual_seed(3)
-    determined = 0
-    for _ in range(12):
+    determined = short = 0
+    for t in range(steps):
         me = paper.games.state["player"]
         obs_p, obs_c = sp.obs["players"], sc.obs["players"]
         assert obs_p.shape == (n, players, size)
         torch.testing.assert_close(obs_p[..., :start], obs_c[..., :start], rtol=0, atol=0)
         turn = torch.nn.functional.one_hot(me, players).float()
         torch.testing.assert_close(obs_p[..., -players:], turn[:, None].expand(-1, players, -1))
-        torch.testing.assert_close(sp.state[:, :size], obs_p[rows, me])
-        torch.testing.assert_close(sp.state[:, size:], sc.state[:, r.observation_size :])
-        state = {k: v.tolist() for k, v in paper.games.state.items()}
-        for g in range(n):
-            game = {k: v[g] for k, v in state.items()}
-            for o in range(players):
-                want = _paper_knowledge_bits(r, game, o)
-                assert obs_p[g, o, start : r.observation_size].long().tolist() == want, (g, o)
-                determined += sum(sum(want[i : i + cards]) for i in range(0, len(want), per_slot))
-        acts = _random_actions(sp, gen)
+        torch.testing.assert_close(sp.state[:, hand:], obs_p[rows, me])
+        torch.testing.assert_close(sp.state[:, :hand], sc.state[:, r.observation_size :])
+        if t % every == 0:
+            state = {k: v.tolist() for k, v in paper.games.state.items()}
+            for g in range(n):
+                game = {k: v[g] for k, v in state.items()}
+                short += min(game["hand_count"]) < r.hand
+                for o in range(players):
+                    want = _paper_knowledge_bits(r, game, o)
+                    assert obs_p[g, o, start : r.observation_size].long().tolist() == want
+                    determined += sum(
+                        sum(want[i : i + cards]) for i in range(0, len(want), per_slot)
+                    )
+        acts = policy(sp, gen)
         sp, sc = paper.step(acts), plain.step(acts)
-    # the hints of random play determine some cards (the section is not all zeros)
-    assert determined > 0
+    if policy is _random_actions:
+        assert determined > 0  # the section is not all zeros
+    else:
+        assert short > 0  # hands with empty slots were checked
     with pytest.raises(EnvError, match="observation must be"):
         make("hanabi/full-2p", num_envs=1, observation="belief")

@@ -328,39 +328,72 @@ def test_a_format_1_checkpoint_still_resumes(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "overrides",
+    ("overrides", "rows_taken"),
     [
         # dead agents leave the losses: a local critic per agent, agent ids, two action heads
-        {
-            "env.name": "toy/match",
-            "env.kwargs": {"masks": True, "deaths": True, "two_heads": True},
-            "rollout_length": 7,
-            "algo.critic_input": "local",
-            "model.agent_id": True,
-        },
+        (
+            {
+                "env.name": "toy/match",
+                "env.kwargs": {"masks": True, "deaths": True, "two_heads": True},
+                "rollout_length": 7,
+                "algo.critic_input": "local",
+                "model.agent_id": True,
+                "algo.clip_value_loss": True,
+            },
+            True,
+        ),
         # turn-based: one player of two in the losses; the critic is one per game (broadcast)
-        {
-            "env.name": "hanabi/small-2p",
-            "rollout_length": 9,
-            "algo.value_norm": "popart",
-            "model.hidden_sizes": [32],
-        },
+        (
+            {
+                "env.name": "hanabi/small-2p",
+                "rollout_length": 9,
+                "algo.value_norm": "popart",
+                "model.hidden_sizes": [32],
+            },
+            True,
+        ),
         # the same with one critic per player (independent critics)
-        {"env.name": "hanabi/small-2p", "rollout_length": 9, "algo.critic_input": "local"},
+        ({"env.name": "hanabi/small-2p", "rollout_length": 9, "algo.critic_input": "local"}, True),
+        # continuous and discrete groups, a death-masked critic of the state (per agent)
+        (
+            {
+                "env.name": "toy/reach",
+                "env.kwargs": {"mixed": True},
+                "rollout_length": 6,
+                "algo.death_masked_critic": True,
+                "model.state_dependent_std": True,
+            },
+            True,
+        ),
+        # parameters per agent, or a recurrent network: every row, masked
+        ({"env.name": "hanabi/small-2p", "rollout_length": 9, "model.share_params": False}, False),
+        (
+            {"env.name": "hanabi/small-2p", "rollout_length": 9, "model.recurrent": "gru"},
+            False,
+        ),
     ],
 )
-def test_losses_over_the_active_rows_equal_the_masked_losses(overrides, monkeypatch):
+def test_losses_over_the_active_rows_equal_the_masked_losses(overrides, rows_taken, monkeypatch):
     """A feed-forward network with shared parameters is evaluated only on the rows its
-    active-masked losses use; the loss terms and the gradients equal those of the masked
-    losses over every row (up to the order of the sums)."""
+    active-masked losses use; the loss terms (clipping and diagnostics included: the parameters
+    are moved off the rollout's) and the gradients equal those of the masked losses over every
+    row, up to the order of the sums. Other networks take every row."""
     from mappo.algos import mappo as algo
     from mappo.nn.actor_critic import Actor, Critic
 
-    trainer = _collected({**overrides, "model.recurrent": "none"})
+    overrides = {"model.recurrent": "none", **overrides}
+    trainer = _collected(overrides)
     policy, cfg = trainer.policy, trainer.cfg
-    samples = make_samples(policy, trainer.collector.rollout, cfg.algo, False)
-    alive = next(iter(samples.groups.values())).alive
-    assert 0 < float(alive.mean()) < algo.LOSS_ROWS_MAX_SHARE
+    recurrent = cfg.model.recurrent != "none"
+    samples = make_samples(policy, trainer.collector.rollout, cfg.algo, recurrent)
+    gen = torch.Generator().manual_seed(0)
+    for s in samples.groups.values():
+        if float(s.alive.mean()) > algo.LOSS_ROWS_MAX_SHARE:  # nobody dies here: kill some
+            s.alive.mul_((torch.rand(s.alive.shape, generator=gen) > 0.4).float())
+        assert 0 < float(s.alive.mean()) < algo.LOSS_ROWS_MAX_SHARE
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=gen))
 
     calls = {"actor": 0, "critic": 0}
 
@@ -382,16 +415,23 @@ def test_losses_over_the_active_rows_equal_the_masked_losses(overrides, monkeypa
         return {k: v.detach() for k, v in terms.items()}, grads
 
     rows_terms, rows_grads = terms_and_grads()
-    per_agent_critic = cfg.algo.critic_input == "local"
-    assert calls == {"actor": 1, "critic": 1 if per_agent_critic else 0}
+    groups = len(samples.groups)
+    # a critic with one value per agent (not one per env, broadcast) takes the rows too
+    per_agent = [s.values.shape[-1] == s.returns.shape[-1] for s in samples.groups.values()]
+    want_critic = sum(per_agent) if rows_taken else 0
+    assert calls == {"actor": groups if rows_taken else 0, "critic": want_critic}
+    if not rows_taken:
+        return
+    clipped = [v for k, v in rows_terms.items() if k.endswith("clip_fraction")]
+    assert any(float(v) > 0 for v in clipped)  # the clipped branch is in the comparison
     monkeypatch.setattr(algo, "LOSS_ROWS_MAX_SHARE", 0.0)  # every row, masked
     all_terms, all_grads = terms_and_grads()
-    assert calls["actor"] == 1
+    assert calls["actor"] == groups
     assert rows_terms.keys() == all_terms.keys() and rows_grads.keys() == all_grads.keys()
     for k in all_terms:
-        torch.testing.assert_close(rows_terms[k], all_terms[k], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(rows_terms[k], all_terms[k], atol=1e-5, rtol=1e-5)
     for k in all_grads:
-        torch.testing.assert_close(rows_grads[k], all_grads[k], atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(rows_grads[k], all_grads[k], atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("recurrent", ["none", "gru"])

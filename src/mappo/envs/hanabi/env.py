@@ -8,7 +8,7 @@ of the score. Observations are each player's canonical HLE observation
 (:meth:`~mappo.envs.hanabi.game.HanabiGames.observe`); with ``observation="paper"``, the MAPPO
 paper code's instead: its knowledge section
 (:meth:`~mappo.envs.hanabi.game.HanabiGames.paper_belief`) and a one-hot of the player to act
-appended (to the global state too), as its env does.
+appended (to the global state too, which then starts with the own hand), as its env does.
 
 The global state (the centralized critic's input) is the observation of the player to act with
 that player's own hand added (one-hot per slot): the only information the players do not share
@@ -234,7 +234,10 @@ class HanabiEnv(BatchedEnv):
             views = torch.cat([views, turn[:, None, :].expand(e, self.rules.players, -1)], 2)
         hand = g.state["hands"][rows, me]  # [E, H]; empty slots (-1) one-hot to nothing
         hand_bits = hand[:, :, None] == torch.arange(self._cards, device=self.device)
-        state = as_float(torch.cat([views[rows, me], hand_bits.reshape(e, -1)], dim=1))
+        parts = [views[rows, me], hand_bits.reshape(e, -1)]
+        if paper:  # the paper code's order: the own hand first
+            parts.reverse()
+        state = as_float(torch.cat(parts, dim=1))
         obs = as_float(views)
         # Nobody acts in a finished game (its final views): every seat gets the idle mask.
         alive = (self._seats[None, :] == me[:, None]) & ~g.state["over"][:, None]
