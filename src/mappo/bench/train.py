@@ -150,6 +150,7 @@ def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> d
         "batch_size": getattr(cfg.algo, "batch_size", None),
         "recurrent": cfg.model.recurrent,
         "hidden_sizes": list(cfg.model.hidden_sizes),
+        "precision": cfg.model.precision,
         "iterations": iterations,
         "env_steps": steps,
         "steps_per_second": steps / total,
