@@ -58,6 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("baseline", type=Path, help="a JaxMARL baseline script (see above)")
     parser.add_argument("--updates", type=int, default=400, help="PPO updates per call")
     parser.add_argument("--repeats", type=int, default=2, help="timed calls after the first")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="seeds trained together in one call (jax.vmap over the training function, as the "
+        "baseline script's own main does); the rate is their env steps together",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
 
@@ -68,10 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     name = CONFIGS.get(args.baseline.stem, f"{args.baseline.stem}.yaml")
     config_path = args.baseline.parent / "config" / name
     config = {k: _number(v) for k, v in yaml.safe_load(config_path.read_text()).items()}
-    steps = args.updates * config["NUM_ENVS"] * config["NUM_STEPS"]
-    config["TOTAL_TIMESTEPS"] = steps
-    train = jax.jit(module.make_train(config))
+    per_seed = args.updates * config["NUM_ENVS"] * config["NUM_STEPS"]
+    config["TOTAL_TIMESTEPS"] = per_seed
+    steps = per_seed * args.seeds
     key = jax.random.PRNGKey(0)
+    if args.seeds == 1:
+        train = jax.jit(module.make_train(config))
+    else:
+        train = jax.jit(jax.vmap(module.make_train(config)))
+        key = jax.random.split(key, args.seeds)
 
     t0 = time.perf_counter()
     jax.block_until_ready(train(key))
@@ -84,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     # Only the feed-forward script returns its metrics.
     metrics = out.get("metrics", {}) if isinstance(out, dict) else {}
     returns = metrics.get("returned_episode_returns")
-    final = None if returns is None else float(returns[-1].mean())
+    last = returns if returns is None or args.seeds == 1 else returns.swapaxes(0, 1)
+    final = None if last is None else float(last[-1].mean())
     result = {
         "jax": jax.__version__,
         "devices": [str(d) for d in jax.devices()],
@@ -94,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         "env_steps_per_second": rates,
         "final_training_return": final,
         "baseline": args.baseline.name,
+        "seeds": args.seeds,
     }
     if args.json:
         print(json.dumps(result))

@@ -252,6 +252,7 @@ def cmd_bench_env(args: argparse.Namespace) -> int:
         seconds=args.seconds,
         device=args.device,
         include_pettingzoo=not args.no_pettingzoo,
+        compiled=args.compile,
     )
     print(json.dumps(rows) if args.json else format_table(rows))
     return 0
@@ -460,6 +461,11 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--seconds", type=float, default=2.0, help="timing per row")
     be.add_argument("--device", default="cpu")
     be.add_argument("--no-pettingzoo", action="store_true", help="skip the mpe2 reference row")
+    be.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time the particle worlds with their steps compiled, eight to a graph",
+    )
     be.add_argument("--json", action="store_true")
     be.set_defaults(func=cmd_bench_env)
     bt = bsub.add_parser("train", help="training steps per second of a preset")

@@ -8,14 +8,14 @@ What is compiled, and why there:
   generator just before (:meth:`~mappo.nn.actor_critic.ActorCritic.draw_noise`): a
   ``torch.Generator`` cannot enter a graph, and drawing the same numbers outside gives exactly
   the eager path's actions.
-- :func:`mappo.rollout.fused_step` (CPU): the policy step, the env's step and the episode
-  tracker as one graph, on every step where the env lets its step be traced
-  (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_step`: the particle world does wherever no
-  episode ends, so 24 of 25 Spread steps). About a hundred small ops per step become one call
-  and a few fused kernels; the rollout of JaxMARL's Spread settings took 1.6x less time
-  (BENCHMARKS.md). Other envs, and the steps where an episode ends, run the policy graph and the
-  env's eager step.
-- :func:`mappo.rollout.fused_steps` (CPU, feed-forward networks): :data:`ROLLOUT_BLOCK`
+- :func:`mappo.rollout.fused_step` (CPU; CUDA for feed-forward networks): the policy step, the
+  env's step and the episode tracker as one graph, on every step where the env lets its step be
+  traced (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_step`: the particle world does
+  wherever no episode ends, so 24 of 25 Spread steps). About a hundred small ops per step
+  become one call and a few fused kernels; the rollout of JaxMARL's Spread settings took 1.6x
+  less time (BENCHMARKS.md). Other envs, and the steps where an episode ends, run the policy
+  graph and the env's eager step.
+- :func:`mappo.rollout.fused_steps` (feed-forward networks): :data:`ROLLOUT_BLOCK`
   fused steps as one graph, with what the rollout records of each, wherever the env lets
   that many steps in a row be traced (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_steps`).
   What remained per step around the fused graph (torch's guards and call wrapper, a dozen
@@ -23,14 +23,14 @@ What is compiled, and why there:
   Spread settings took 1.7x less time. Recurrent networks keep one step per call: their update
   outweighs the rollout, and the block's longer compile (about 37 s for the paper's recurrent
   preset) bought 2-3% there.
-- :func:`mappo.algos.mappo.gradient_step` (CPU, feed-forward networks): a mini-batch's whole step,
+- :func:`mappo.algos.mappo.gradient_step` (feed-forward networks): a mini-batch's whole step,
   the loss and its gradients (:func:`torch.func.grad`), each network's gradient clipping and Adam,
   as one graph that updates the parameters and the optimisers' state in place. On the CPU the eager
   step's few hundred small calls (autograd's engine, zeroing, clipping, two optimisers) cost more
   than the arithmetic of the small networks here; the update of JaxMARL's Spread settings took about
   1.5x less time, for about 13 s more cold compile (BENCHMARKS.md). Mini-batch selection and the
   ValueNorm/PopArt update (which rescales parameters in place) stay eager, before the graph.
-- :func:`mappo.algos.mappo.loss_terms` (recurrent networks, and CUDA): a mini-batch's forward
+- :func:`mappo.algos.mappo.loss_terms` (recurrent networks): a mini-batch's forward
   pass and losses; autograd then runs the compiled backward and ``torch.optim.Adam`` steps
   eagerly (for recurrent networks with chunks of at most :data:`MAX_COMPILED_CHUNK` steps).
   A recurrent loss's arithmetic outweighs the step's overhead: one graph for the whole step
@@ -45,8 +45,14 @@ in the other (the parameters and the optimisers' state are the same tensors). Co
 are cached on disk by torch (inductor's cache), so a second run of the same preset compiles in
 seconds.
 
-On CUDA the graphs are also replayed as CUDA graphs (``mode="reduce-overhead"``): one launch
-for a whole graph instead of one per kernel, which is where a small network's time goes on a GPU.
+On CUDA the policy step and the recurrent loss are also replayed as CUDA graphs
+(``mode="reduce-overhead"``): one launch for a whole graph instead of one per kernel, which is
+where a small network's time goes on a GPU. The graphs that mutate state in place (the fused
+rollout steps mutate the env's state, the gradient step the parameters and Adam's state) run as
+plain compiled code there (torch does not record a graph that mutates its inputs as a CUDA
+graph); on an H100 they still ran the feed-forward rollout and update of JaxMARL's Spread
+settings 2.7x faster than the policy graph with an eager env step and the loss graph
+(BENCHMARKS.md).
 A CUDA graph's outputs live in a memory pool that its next replay overwrites, while the collector
 keeps recurrent states across steps and autograd keeps a loss until its backward; so every call
 starts a new step for torch (``cudagraph_mark_step_begin``) and copies its outputs out of the pool
@@ -91,6 +97,19 @@ BLOCK_MIN_ROLLOUT_STEPS = 150_000
 world's Spread (16 and 128 envs) and costs about 30 s of cold compile, which such a run about
 repays at this threshold and repays several times over at JaxMARL's settings (a warm inductor
 cache compiles it in seconds)."""
+
+
+def fuses_env_step(device: torch.device, recurrent: bool) -> bool:
+    """Whether the compiled rollout traces the env's step with the policy on ``device``
+    (:func:`mappo.rollout.fused_step`, and :func:`mappo.rollout.fused_steps` for long
+    feed-forward runs). On the CPU always. On CUDA for feed-forward networks: at JaxMARL's
+    Spread settings on an H100 the rollout took 95 ms per iteration against 296 ms with the
+    policy step replayed as a CUDA graph and the env's hundred small ops launched eagerly
+    (BENCHMARKS.md). Those graphs mutate the env's state in place, so torch replays them without
+    CUDA graphs. Recurrent networks on CUDA keep the policy step's CUDA graph (not measured
+    fused)."""
+    return device.type == "cpu" or not recurrent
+
 
 AUTO_CPU_STEPS = 1_000_000
 """``compile=auto`` compiles on the CPU for runs of at least this many env steps (and an env

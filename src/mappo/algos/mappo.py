@@ -339,9 +339,11 @@ class AdamSlots:
             steps.append(state["step"])
             _, kind, group_name = name.split(".")[:3]  # policy.actors.<group>. ...
             networks.setdefault((group_name, kind[:-1]), []).append(i)
+        # On the parameters' device: a compiled CUDA step cannot read a CPU tensor's elements.
         lrs = torch.tensor(
             [optimizers.actor.param_groups[0]["lr"], optimizers.critic.param_groups[0]["lr"]],
             dtype=torch.float64,
+            device=params[0].device,
         )
         return cls(
             tuple(names),

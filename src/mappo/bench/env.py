@@ -115,6 +115,93 @@ def bench_batched(name: str, num_envs: int, seconds: float, device: str = "cpu")
     return num_envs * count / elapsed
 
 
+COMPILED_BLOCK = 8
+"""Env steps per compiled call in :func:`bench_compiled` (as the trainer's rollout blocks)."""
+
+
+class CompiledStepper:
+    """Steps an env ``COMPILED_BLOCK`` steps per call of one compiled graph wherever no episode
+    ends (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_steps`, the particle world), and
+    eagerly on the steps where one does (the resets draw random numbers, which a graph cannot).
+    A block takes ``actions[0..K-1]`` in turn; an eager step ``actions[count % K]``, where
+    ``count`` is the number of steps taken before it. ``log`` records ``(count, steps)`` per
+    call, so that an eager copy of the env can be driven through the same actions."""
+
+    def __init__(self, env: BatchedEnv, actions: list[dict[str, Tensor]]) -> None:
+        from mappo.learners.ppo import traces
+
+        if not traces(env):
+            raise ValueError(f"{env.name}: its step cannot be traced (particle worlds only)")
+        self.env, self.actions = env, actions[:COMPILED_BLOCK]
+
+        def block(env_step: Any, actions: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
+            # The rewards are returned so that no step is dead code.
+            return [env_step(a).reward for a in actions]
+
+        self.fn = torch.compile(block, fullgraph=True, dynamic=False)
+        self.count = 0
+        self.log: list[tuple[int, int]] = []
+
+    def advance(self) -> int:
+        """One block, or one eager step where an episode ends within a block; the steps taken."""
+        traced = self.env.claim_traced_steps(COMPILED_BLOCK)
+        if traced is None:
+            self.env.step(self.actions[self.count % len(self.actions)])
+            taken = 1
+        else:
+            self.fn(traced, self.actions)
+            taken = COMPILED_BLOCK
+        self.log.append((self.count, taken))
+        self.count += taken
+        return taken
+
+    def replay(self, env: BatchedEnv) -> None:
+        """Step ``env`` eagerly through the actions of every call so far."""
+        for count, taken in self.log:
+            if taken == 1:
+                env.step(self.actions[count % len(self.actions)])
+            else:
+                for a in self.actions:
+                    env.step(a)
+
+
+@torch.no_grad()
+def bench_compiled(
+    name: str, num_envs: int, seconds: float, device: str = "cpu"
+) -> tuple[float, float]:
+    """Env steps per second of the particle world ``name`` with its steps compiled
+    (:class:`CompiledStepper`), and the largest difference of its state from an eager copy of
+    the env driven through the same actions over the first three and a half episodes (the
+    compiled arithmetic is the same up to rounding)."""
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(0)
+    env = make(name, num_envs=num_envs, device=device, seed=0)
+    twin = make(name, num_envs=num_envs, device=device, seed=0)
+    for e in (env, twin):
+        e.validate_actions = False
+        e.reset(seed=0)
+    stepper = CompiledStepper(env, _ring_of_actions(env, gen))
+    # Stopped inside an episode: right after a reset every env holds freshly drawn state.
+    while stepper.count < 3 * env.episode_length + env.episode_length // 2:
+        stepper.advance()
+    stepper.replay(twin)
+    mine, theirs = env.get_state(), twin.get_state()
+    diff = max(float((mine[k].double() - theirs[k].double()).abs().max()) for k in mine)
+    twin.close()
+    _sync(dev)
+    count, start = 0, time.perf_counter()
+    while True:
+        for _ in range(ACTION_RING):
+            count += stepper.advance()
+        _sync(dev)
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            break
+    env.close()
+    return num_envs * count / elapsed, diff
+
+
 def bench_pettingzoo_mpe(seconds: float) -> float:
     """Env steps per second of ``mpe2.simple_spread_v3.parallel_env()`` in a Python loop."""
     with warnings.catch_warnings():
@@ -188,6 +275,7 @@ def run_env_bench(
     device: str = "cpu",
     include_pettingzoo: bool = True,
     num_threads: int | None = 1,
+    compiled: bool = False,
 ) -> list[dict[str, Any]]:
     """Measure every env of ``env_names`` at every batch size of ``num_envs`` for about
     ``seconds`` each; with ``include_pettingzoo`` add the reference rows: ``{"env": "mpe2",
@@ -199,6 +287,9 @@ def run_env_bench(
     setting). One thread is fastest for the particle envs on a 2-core machine: their tensors are
     small (tens of thousands of floats), so a second thread mostly adds synchronisation, and it
     collapses when other processes share the cores.
+
+    With ``compiled``, each particle world also gets a row ``{"env": "<name> compiled", ...,
+    "state_diff"}`` of :func:`bench_compiled` (its steps compiled, eight to a graph).
     """
     previous = torch.get_num_threads()
     if num_threads is not None:
@@ -209,6 +300,17 @@ def run_env_bench(
             for n in num_envs:
                 sps = bench_batched(name, n, seconds, device)
                 rows.append({"env": name, "num_envs": n, "steps_per_second": sps, "device": device})
+                if compiled and name.startswith("mpe/"):
+                    sps, diff = bench_compiled(name, n, seconds, device)
+                    rows.append(
+                        {
+                            "env": f"{name} compiled",
+                            "num_envs": n,
+                            "steps_per_second": sps,
+                            "device": device,
+                            "state_diff": diff,
+                        }
+                    )
         if include_pettingzoo and any(not n.startswith("hanabi/") for n in env_names):
             sps = bench_pettingzoo_mpe(seconds)
             rows.append({"env": "mpe2", "num_envs": 1, "steps_per_second": sps, "device": "cpu"})
@@ -232,6 +334,7 @@ def run_env_bench(
 
 def _reference_of(env: str) -> str:
     """The reference row an env's speed is compared with."""
+    env = env.removesuffix(" compiled")
     if env.startswith("hanabi/full-") or env.startswith("open_spiel:hanabi-"):
         return "open_spiel:hanabi-" + env.rsplit("-", 1)[-1]
     return "mpe2"
@@ -241,13 +344,17 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """A plain-text table of :func:`run_env_bench` rows; with reference rows (``mpe2``,
     ``open_spiel:hanabi-<P>p``), each row's speed-up over its reference."""
     refs = {r["env"]: r["steps_per_second"] for r in rows if r["env"] == _reference_of(r["env"])}
+    diffs = any("state_diff" in r for r in rows)
     header = ["env", "num_envs", "device", "steps/s"] + (["x reference"] if refs else [])
+    header += ["state diff vs eager"] if diffs else []
     table = [header]
     for r in rows:
         line = [r["env"], str(r["num_envs"]), str(r["device"]), f"{r['steps_per_second']:,.0f}"]
         if refs:
             ref = refs.get(_reference_of(r["env"]))
             line.append(f"{r['steps_per_second'] / ref:,.1f}" if ref else "")
+        if diffs:
+            line.append(f"{r['state_diff']:.1e}" if "state_diff" in r else "")
         table.append(line)
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines = []

@@ -27,6 +27,7 @@ from mappo.compiled import (
     ROLLOUT_BLOCK,
     compile_fn,
     compile_seconds,
+    fuses_env_step,
     wanted,
 )
 from mappo.config import TrainConfig
@@ -103,28 +104,26 @@ class PPOLearner:
             graphs = self.device.type == "cuda"
             fallback = cfg.compile == "auto"
             self.collector.step_fn = compile_fn(policy_step, graphs, fallback)
-            if self.device.type == "cpu" and traces(env):
+            if traces(env) and fuses_env_step(self.device, self.recurrent):
                 # The env's step, the policy and the episode tracker as one graph wherever the
-                # env allows (CPU only so far: on CUDA the fused graph mutates the env's state
-                # in place, which torch does not replay as a CUDA graph; unmeasured there).
+                # env allows (no CUDA graphs: the graph mutates the env's state in place).
                 self.collector.fused_fn = compile_fn(fused_step, fallback=fallback)
                 steps_per_env = cfg.total_env_steps // env.num_envs
                 if not self.recurrent and steps_per_env >= BLOCK_MIN_ROLLOUT_STEPS:
                     # Several steps per graph where no episode ends (mappo.compiled).
                     self.collector.block_fn = compile_fn(fused_steps, fallback=fallback)
                     self.collector.block = ROLLOUT_BLOCK
-            if not self.recurrent or cfg.algo.data_chunk_length <= MAX_COMPILED_CHUNK:
-                if self.device.type == "cpu" and not self.recurrent:
-                    # The whole gradient step (loss, gradients, clipping, Adam) as one graph:
-                    # 1.47x faster updates of small feed-forward mini-batches, for about 13 s
-                    # more cold compile. Recurrent losses gained nothing measurable for 30 s
-                    # more (BENCHMARKS.md); CUDA replays the loss as a CUDA graph, and a graph
-                    # that mutates the parameters is unmeasured there.
-                    self.step_fn = compile_fn(
-                        gradient_step, fallback=fallback, eager=eager_gradient_step
-                    )
-                else:
-                    self.terms_fn = compile_fn(loss_terms, graphs, fallback)
+            if not self.recurrent:
+                # The whole gradient step (loss, gradients, clipping, Adam) as one graph: 1.47x
+                # faster updates of small feed-forward mini-batches on the CPU for about 13 s
+                # more cold compile, 1.7x on an H100 against the loss replayed as a CUDA graph
+                # (BENCHMARKS.md). Recurrent losses gained nothing measurable on the CPU for 30 s
+                # more.
+                self.step_fn = compile_fn(
+                    gradient_step, fallback=fallback, eager=eager_gradient_step
+                )
+            elif cfg.algo.data_chunk_length <= MAX_COMPILED_CHUNK:
+                self.terms_fn = compile_fn(loss_terms, graphs, fallback)
         self._compile_start = compile_seconds() if self.compiled else 0.0
 
     @property
