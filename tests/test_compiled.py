@@ -677,3 +677,12 @@ def test_the_bench_does_not_split_off_an_env_step_compiled_with_the_policy():
             assert report["env_seconds_per_iteration"] is None
             assert report["acting_seconds_per_iteration"] is None
             assert "env step compiled with the policy" in text
+
+
+def test_the_env_step_is_fused_on_the_cpu_and_for_feed_forward_networks_on_cuda():
+    from mappo.compiled import fuses_env_step
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert fuses_env_step(cpu, recurrent=False) and fuses_env_step(cpu, recurrent=True)
+    assert fuses_env_step(cuda, recurrent=False)
+    assert not fuses_env_step(cuda, recurrent=True)  # keeps the policy step's CUDA graph
