@@ -686,3 +686,13 @@ def test_the_env_step_is_fused_on_the_cpu_and_for_feed_forward_networks_on_cuda(
     assert fuses_env_step(cpu, recurrent=False) and fuses_env_step(cpu, recurrent=True)
     assert fuses_env_step(cuda, recurrent=False)
     assert not fuses_env_step(cuda, recurrent=True)  # keeps the policy step's CUDA graph
+    assert not fuses_env_step(torch.device("mps"), recurrent=False)  # not measured there
+
+
+def test_the_whole_gradient_step_is_one_graph_for_feed_forward_networks_on_cpu_and_cuda():
+    from mappo.compiled import compiles_gradient_step
+
+    for dev in ("cpu", "cuda"):
+        assert compiles_gradient_step(torch.device(dev), recurrent=False)
+        assert not compiles_gradient_step(torch.device(dev), recurrent=True)
+    assert not compiles_gradient_step(torch.device("mps"), recurrent=False)

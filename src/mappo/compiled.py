@@ -85,7 +85,7 @@ torch's fused recurrent kernel between resets instead (:class:`~mappo.nn.layers.
 
 
 ROLLOUT_BLOCK = 8
-"""Env steps per call of the compiled rollout block (:func:`mappo.rollout.fused_steps`, CPU,
+"""Env steps per call of the compiled rollout block (:func:`mappo.rollout.fused_steps`,
 feed-forward networks). Per env step of JaxMARL's Spread settings (16 envs, one thread; one
 process alternating): 358 us one step per call, 239 us with 4, 210 us with 8, 198 us with 12;
 each step in the block adds about 4 s of cold compile. Eight also fits the particle world's
@@ -103,12 +103,23 @@ def fuses_env_step(device: torch.device, recurrent: bool) -> bool:
     """Whether the compiled rollout traces the env's step with the policy on ``device``
     (:func:`mappo.rollout.fused_step`, and :func:`mappo.rollout.fused_steps` for long
     feed-forward runs). On the CPU always. On CUDA for feed-forward networks: at JaxMARL's
-    Spread settings on an H100 the rollout took 95 ms per iteration against 296 ms with the
+    Spread settings on an H100 the rollout took 119 ms per iteration against 296 ms with the
     policy step replayed as a CUDA graph and the env's hundred small ops launched eagerly
     (BENCHMARKS.md). Those graphs mutate the env's state in place, so torch replays them without
     CUDA graphs. Recurrent networks on CUDA keep the policy step's CUDA graph (not measured
-    fused)."""
-    return device.type == "cpu" or not recurrent
+    fused); other devices (MPS) are not measured and keep the eager env step."""
+    return device.type == "cpu" or (device.type == "cuda" and not recurrent)
+
+
+def compiles_gradient_step(device: torch.device, recurrent: bool) -> bool:
+    """Whether the compiled update takes a mini-batch's whole step as one graph
+    (:func:`mappo.algos.mappo.gradient_step`) rather than compiling the loss alone: for
+    feed-forward networks on the CPU (1.47x faster updates of small mini-batches, for about 13 s
+    more cold compile) and on CUDA (37 ms an update at JaxMARL's Spread settings on an H100
+    against 64 ms with the loss replayed as a CUDA graph; BENCHMARKS.md). Recurrent losses gained
+    nothing measurable on the CPU for 30 s more compile. Other devices are not measured (and
+    their Adam, not fused, keeps its step counts on the CPU)."""
+    return device.type in ("cpu", "cuda") and not recurrent
 
 
 AUTO_CPU_STEPS = 1_000_000
@@ -186,7 +197,7 @@ def _with_fallback(
     Compilation happens inside the first call with new shapes and fails before the graph
     runs, so the arguments are untouched and ``fn`` can take the call over. An error that
     ``fn`` raises too is the caller's, and is raised as ``fn`` raises it. Where the loss alone
-    is compiled (recurrent networks, CUDA), its backward graph is compiled later, in
+    is compiled (recurrent networks), its backward graph is compiled later, in
     ``backward()`` outside this call; a failure there (with the forward compiled) is not
     caught. A missing C++ compiler fails the forward first."""
     use_eager = False

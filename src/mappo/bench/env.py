@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mappo.compiled import compile_fn
 from mappo.envs import BatchedEnv, EnvStep, make
 from mappo.envs.rendering import masked_choice, random_box
 
@@ -138,7 +139,9 @@ class CompiledStepper:
             # The rewards are returned so that no step is dead code.
             return [env_step(a).reward for a in actions]
 
-        self.fn = torch.compile(block, fullgraph=True, dynamic=False)
+        # A fresh code object per stepper (compile_fn): torch would otherwise count every env
+        # and size timed in one process as a recompilation of one function, and stop at eight.
+        self.fn = compile_fn(block)
         self.count = 0
         self.log: list[tuple[int, int]] = []
 

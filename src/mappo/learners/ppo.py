@@ -27,6 +27,7 @@ from mappo.compiled import (
     ROLLOUT_BLOCK,
     compile_fn,
     compile_seconds,
+    compiles_gradient_step,
     fuses_env_step,
     wanted,
 )
@@ -113,16 +114,12 @@ class PPOLearner:
                     # Several steps per graph where no episode ends (mappo.compiled).
                     self.collector.block_fn = compile_fn(fused_steps, fallback=fallback)
                     self.collector.block = ROLLOUT_BLOCK
-            if not self.recurrent:
-                # The whole gradient step (loss, gradients, clipping, Adam) as one graph: 1.47x
-                # faster updates of small feed-forward mini-batches on the CPU for about 13 s
-                # more cold compile, 1.7x on an H100 against the loss replayed as a CUDA graph
-                # (BENCHMARKS.md). Recurrent losses gained nothing measurable on the CPU for 30 s
-                # more.
+            if compiles_gradient_step(self.device, self.recurrent):
+                # The whole gradient step (loss, gradients, clipping, Adam) as one graph.
                 self.step_fn = compile_fn(
                     gradient_step, fallback=fallback, eager=eager_gradient_step
                 )
-            elif cfg.algo.data_chunk_length <= MAX_COMPILED_CHUNK:
+            elif not self.recurrent or cfg.algo.data_chunk_length <= MAX_COMPILED_CHUNK:
                 self.terms_fn = compile_fn(loss_terms, graphs, fallback)
         self._compile_start = compile_seconds() if self.compiled else 0.0
 
