@@ -235,12 +235,25 @@ def test_stacked_runs_refuse_what_they_cannot_do(tmp_path):
     assert (a / "metrics.csv").read_text().count("\n") == 2
 
 
-def test_compiled_stacked_updates_equal_eager():
-    cfg = _cfg("mpe/simple_spread_jaxmarl_ff")
+@pytest.mark.parametrize(
+    ("preset", "blocks"),
+    [
+        # feed-forward, a long run: eight env steps per graph with the stacked policy step
+        ("mpe/simple_spread_jaxmarl_ff", True),
+        # recurrent: one env step per graph with the stacked policy step
+        ("mpe/simple_spread", False),
+    ],
+)
+def test_compiled_stacked_updates_equal_eager(preset, blocks):
+    cfg = _cfg(preset)
     out = []
     for setting in ("off", "on"):
         cfgs = [dataclasses.replace(cfg, seed=s, compile=setting) for s in (1, 2)]
         stacked = StackedPPOLearner(cfgs, make_seed_envs(cfgs, torch.device(DEVICE)))
+        if setting == "on" and DEVICE == "cpu":
+            # The particle world's step is traced with the stacked policy step.
+            assert stacked.collector.fused_fn is not None
+            assert (stacked.collector.block_fn is not None) == blocks
         for it in range(2):
             stacked.iterate(it, 0)
         out.append([p.state_dict() for p in stacked.policies])

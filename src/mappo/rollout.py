@@ -180,13 +180,16 @@ def fused_step(
     starts: Tensor,
     noise: dict[str, Tensor],
     tracker: EpisodeTracker,
+    step_fn: Callable[..., Any] = policy_step,
 ) -> tuple[Acted, dict[str, Tensor], dict[str, Tensor], dict[str, Tensor], EnvStep]:
     """:func:`policy_step`, then the env's step on its actions
     (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_step`) and the episode tracker's record of
     it: one env step of data collection as one function, which the compiled path compiles as
     one graph (one call and a few fused kernels instead of about a hundred small ops). Returns
-    :func:`policy_step`'s results and the env's :class:`EnvStep`."""
-    acted, critic_x, values, new_critic = policy_step(
+    :func:`policy_step`'s results and the env's :class:`EnvStep`. ``step_fn`` replaces
+    :func:`policy_step` with a function of the same arguments and results (stacked seeds pass
+    their vmapped step)."""
+    acted, critic_x, values, new_critic = step_fn(
         policy, step, actor_states, critic_states, starts, noise
     )
     next_step = env_step(acted.env_actions)
@@ -219,6 +222,7 @@ def fused_steps(
     noises: list[dict[str, Tensor]],
     tracker: EpisodeTracker,
     bootstrap: bool,
+    step_fn: Callable[..., Any] = policy_step,
 ) -> tuple[list[dict[str, Any]], dict[str, Tensor], dict[str, Tensor], EnvStep, Tensor]:
     """``K = len(noises)`` consecutive steps of :func:`fused_step` (the env's traced step each
     time) as one function, which the compiled path compiles as one graph: one call per ``K``
@@ -230,7 +234,7 @@ def fused_steps(
     for recurrent critics, ``actions``, ``log_probs``, ``critic_x``, ``rewards``, and ``final``
     (:func:`final_critic`) when ``bootstrap``); then the actor and critic states, the env step
     and the ``starts [E]`` after the last step. The collector stacks each field's ``K``
-    records into its rollout buffer with one call.
+    records into its rollout buffer with one call. ``step_fn`` as in :func:`fused_step`.
     """
     rows: list[dict[str, Any]] = []
     for noise in noises:
@@ -244,7 +248,7 @@ def fused_steps(
                 rec["critic_state"] = critic_states[name]
             row["groups"][name] = rec
         acted, critic_x, values, critic_states, step = fused_step(
-            policy, env_step, step, actor_states, critic_states, starts, noise, tracker
+            policy, env_step, step, actor_states, critic_states, starts, noise, tracker, step_fn
         )
         actor_states = acted.states
         for name, rec in row["groups"].items():
@@ -292,6 +296,9 @@ class Collector:
     trace (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_steps`); ``None``: never."""
     block: int = 0
     """Steps per :attr:`block_fn` call (used only where ``block_fn`` is set)."""
+    traced_step_fn: Callable[..., Any] = policy_step
+    """The policy step that :attr:`fused_fn` and :attr:`block_fn` trace with the env's step
+    (:func:`policy_step`, or the stacked seeds' uncompiled vmapped step)."""
 
     @torch.no_grad()
     def collect(self) -> Rollout:
@@ -331,6 +338,7 @@ class Collector:
                     self.starts,
                     noise,
                     self.tracker,
+                    self.traced_step_fn,
                 )
             else:
                 acted, critic_x, values, self.critic_states = step_fn(
@@ -395,6 +403,7 @@ class Collector:
             noises,
             self.tracker,
             self.bootstrap,
+            self.traced_step_fn,
         )
         span = slice(t, t + K)
         for key in ("starts", "terminated", "truncated"):

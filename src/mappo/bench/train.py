@@ -75,10 +75,11 @@ def _timed_steps(env: Any) -> list[float]:
 
 def _stacked_bench(
     cfg: TrainConfig, iterations: int, warmup: int
-) -> tuple[float, float, float, float, int]:
+) -> tuple[float, float | None, float, float, int]:
     """:func:`run_train_bench` for ``num_seeds > 1`` (:mod:`mappo.learners.seeds`): returns
     compile seconds, env, rollout and update seconds over ``iterations``, and the env steps of
-    all seeds together."""
+    all seeds together. The env's seconds are ``None`` where its step runs inside the stacked
+    policy step's graph."""
     import dataclasses
 
     from mappo.config import check_device
@@ -100,10 +101,11 @@ def _stacked_bench(
             compiled = r.get("compile_seconds", compiled)
             rollout += r["rollout_seconds"]
             upd += r["update_seconds"]
+        fused = learner.collector.fused_fn is not None
     finally:
         blocks.close()
     steps = cfg.steps_per_update * iterations * cfg.num_seeds
-    return compiled, env_time[0], rollout, upd, steps
+    return compiled, None if fused else env_time[0], rollout, upd, steps
 
 
 def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> dict[str, Any]:

@@ -21,8 +21,10 @@ from its own seed's generator for the runs to be exact. The networks, the sampli
 update are shared calls; the returns and the ValueNorm/PopArt statistics are computed per seed.
 With ``compile=on`` (or ``auto`` where it compiles, :func:`mappo.learners.ppo.cpu_pays`) the
 vmapped step and loss are compiled (``torch.compile``, one graph each; not yet replayed as CUDA
-graphs; the env still steps eagerly between them). Only the PPO family (mappo, ippo and their
-recurrent forms) trains this way.
+graphs). Where one env holds every seed's envs and lets its step be traced (the particle
+world), its step joins the stacked policy step in one graph, as for one seed
+(:func:`mappo.compiled.fuses_env_step`); elsewhere the env steps eagerly between the graphs.
+Only the PPO family (mappo, ippo and their recurrent forms) trains this way.
 
 Shapes: ``N`` seeds, ``E`` envs per seed; the collector sees ``N * E`` envs, seed ``k`` owning
 rows ``k * E`` to ``(k + 1) * E - 1``.
@@ -41,14 +43,29 @@ from torch.func import functional_call, vmap
 
 from mappo.acting import Acted
 from mappo.algos.mappo import GroupSamples, Optimizers, Samples, loss_terms, make_samples
-from mappo.compiled import MAX_COMPILED_CHUNK, compile_fn, compile_seconds, wanted
+from mappo.compiled import (
+    BLOCK_MIN_ROLLOUT_STEPS,
+    MAX_COMPILED_CHUNK,
+    ROLLOUT_BLOCK,
+    compile_fn,
+    compile_seconds,
+    fuses_env_step,
+    wanted,
+)
 from mappo.config import ConfigError, TrainConfig
 from mappo.data import EnvStep, GroupBuffer, LazyGroups, Rollout, step_from_dict, step_to_dict
 from mappo.envs.base import BatchedEnv
 from mappo.envs.registry import make as make_env
-from mappo.learners.ppo import cpu_pays, generator
+from mappo.learners.ppo import cpu_pays, generator, traces
 from mappo.nn.actor_critic import ActorCritic
-from mappo.rollout import Collector, EpisodeTracker, allocate, policy_step
+from mappo.rollout import (
+    Collector,
+    EpisodeTracker,
+    allocate,
+    fused_step,
+    fused_steps,
+    policy_step,
+)
 
 # -- the envs of all seeds as one batch -------------------------------------------------------
 
@@ -112,6 +129,13 @@ class SeedBlocks:
             ]
         )
 
+    def claim_traced_step(self) -> Callable[[dict[str, Tensor]], EnvStep] | None:
+        """Never: the seeds' envs step one after another (:class:`OneEnvBlocks` can)."""
+        return None
+
+    def claim_traced_steps(self, count: int) -> Callable[[dict[str, Tensor]], EnvStep] | None:
+        return None
+
     def seed_state(self, k: int) -> dict[str, Any] | None:
         """Seed ``k``'s env snapshot and generator state (``None`` where the env cannot be
         snapshotted), as :meth:`mappo.rollout.Collector.state_dict` saves a single run's."""
@@ -156,6 +180,14 @@ class OneEnvBlocks(SeedBlocks):
 
     def step(self, actions: dict[str, Tensor]) -> EnvStep:
         return self.envs[0].step(actions)
+
+    def claim_traced_step(self) -> Callable[[dict[str, Tensor]], EnvStep] | None:
+        """The one env's traced step (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_step`):
+        all seeds' envs step in it."""
+        return self.envs[0].claim_traced_step()
+
+    def claim_traced_steps(self, count: int) -> Callable[[dict[str, Tensor]], EnvStep] | None:
+        return self.envs[0].claim_traced_steps(count)
 
     def seed_state(self, k: int) -> dict[str, Any] | None:
         env, rows = self.envs[0], self.rows(k)
@@ -422,6 +454,7 @@ class StackedPolicy:
         critic = vmap(
             call(_critic), in_dims=(0, 0, None, 1, 0, 1), out_dims=(1, 0), randomness="error"
         )
+        self._raw_step = step  # traced inside the fused rollout graphs (traced_step)
         if compiled:
             # (without CUDA graphs: replaying vmapped graphs on a GPU is not tested yet)
             step = compile_fn(step, fallback=fallback)
@@ -449,6 +482,23 @@ class StackedPolicy:
         noise: dict[str, Tensor],
     ) -> tuple[Any, dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
         """The collector's step function (:func:`mappo.rollout.policy_step`) for all seeds."""
+        return self._run(self._step, step, actor_states, critic_states, starts, noise)
+
+    def traced_step(self, policy: Any, *args: Any) -> Any:
+        """:meth:`step` (the same arguments) with the vmapped step uncompiled, for tracing
+        inside a compiled graph that also steps the env (:func:`mappo.rollout.fused_step`)."""
+        return self._run(self._raw_step, *args)
+
+    def _run(
+        self,
+        fn: Callable[..., Any],
+        step: EnvStep,
+        actor_states: dict[str, Tensor],
+        critic_states: dict[str, Tensor],
+        starts: Tensor,
+        noise: dict[str, Tensor],
+    ) -> tuple[Any, dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
+        """Seed-split arguments through the vmapped ``fn``, results merged back to ``N * E``."""
         N = self.seeds
 
         def split(x: Tensor, dim: int = 0) -> Tensor:
@@ -458,7 +508,7 @@ class StackedPolicy:
             return torch.utils._pytree.tree_map(split, tree)
 
         noise_ = {g: split(v, 1).movedim(1, 0) for g, v in noise.items()}
-        out = self._step(
+        out = fn(
             self.params,
             self.buffers,
             split_all(step_to_dict(step)),
@@ -620,7 +670,23 @@ class StackedPPOLearner:
             tracker=self.block_tracker,  # type: ignore[arg-type]
             bootstrap=a.bootstrap_truncation,
             step_fn=self.stacked.step,
+            traced_step_fn=self.stacked.traced_step,
         )
+        env = blocks.env_of(0)
+        if (
+            self.compiled
+            and isinstance(blocks, OneEnvBlocks)
+            and traces(env)
+            and fuses_env_step(self.device, self.recurrent)
+        ):
+            # The env's step for all seeds joins the stacked policy step in one graph wherever
+            # the env allows, as for one seed (mappo.compiled).
+            fallback = cfg.compile == "auto"
+            self.collector.fused_fn = compile_fn(fused_step, fallback=fallback)
+            steps_per_env = cfg.total_env_steps // blocks.per_seed
+            if not self.recurrent and steps_per_env >= BLOCK_MIN_ROLLOUT_STEPS:
+                self.collector.block_fn = compile_fn(fused_steps, fallback=fallback)
+                self.collector.block = ROLLOUT_BLOCK
         compile_loss = self.compiled and (
             not self.recurrent or a.data_chunk_length <= MAX_COMPILED_CHUNK
         )
