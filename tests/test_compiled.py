@@ -660,12 +660,14 @@ def test_auto_falls_back_to_eager_when_compiling_fails(monkeypatch):
         _iterate("mpe/simple_spread_jaxmarl_ff", "on", over, iterations=1)
 
 
-def test_the_bench_does_not_split_off_an_env_step_compiled_with_the_policy():
+@pytest.mark.parametrize("num_seeds", [1, 2])
+def test_the_bench_does_not_split_off_an_env_step_compiled_with_the_policy(num_seeds):
     """`mappo bench train` times the env by wrapping its ``step``; with the env's step inside
-    the fused graph it reports the rollout whole instead of a wrong env / acting split."""
+    the fused graph (one seed or stacked seeds) it reports the rollout whole instead of a wrong
+    env / acting split."""
     from mappo.bench.train import format_report, run_train_bench
 
-    over = {**SMALL, "device": "cpu"}
+    over = {**SMALL, "device": "cpu", "num_seeds": num_seeds}
     for setting in ("off", "on"):
         cfg = config_mod.load("mpe/simple_spread_jaxmarl_ff", {**over, "compile": setting})
         report = run_train_bench(cfg, iterations=1)
