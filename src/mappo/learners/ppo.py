@@ -66,6 +66,23 @@ def traces(env: BatchedEnv) -> bool:
     return type(env).claim_traced_step is not BatchedEnv.claim_traced_step
 
 
+def fuse_env_steps(
+    collector: Collector, env: BatchedEnv, cfg: TrainConfig, recurrent: bool, envs_per_run: int
+) -> None:
+    """Compile ``collector``'s env steps with its policy step (one graph per step, and blocks of
+    :data:`~mappo.compiled.ROLLOUT_BLOCK` steps for long feed-forward runs) where ``env`` lets
+    its step be traced and the device gains from it (:func:`~mappo.compiled.fuses_env_step`).
+    No CUDA graphs: these graphs mutate the env's state in place. ``envs_per_run`` counts one
+    run's envs (one seed's, for stacked seeds)."""
+    if not (traces(env) and fuses_env_step(env.device, recurrent)):
+        return
+    fallback = cfg.compile == "auto"
+    collector.fused_fn = compile_fn(fused_step, fallback=fallback)
+    if not recurrent and cfg.total_env_steps // envs_per_run >= BLOCK_MIN_ROLLOUT_STEPS:
+        collector.block_fn = compile_fn(fused_steps, fallback=fallback)
+        collector.block = ROLLOUT_BLOCK
+
+
 class PPOLearner:
     """Collects rollouts and runs the MAPPO update; owns everything that a checkpoint restores
     for it (networks, optimisers, sampling and shuffling generators, the collector)."""
@@ -105,15 +122,7 @@ class PPOLearner:
             graphs = self.device.type == "cuda"
             fallback = cfg.compile == "auto"
             self.collector.step_fn = compile_fn(policy_step, graphs, fallback)
-            if traces(env) and fuses_env_step(self.device, self.recurrent):
-                # The env's step, the policy and the episode tracker as one graph wherever the
-                # env allows (no CUDA graphs: the graph mutates the env's state in place).
-                self.collector.fused_fn = compile_fn(fused_step, fallback=fallback)
-                steps_per_env = cfg.total_env_steps // env.num_envs
-                if not self.recurrent and steps_per_env >= BLOCK_MIN_ROLLOUT_STEPS:
-                    # Several steps per graph where no episode ends (mappo.compiled).
-                    self.collector.block_fn = compile_fn(fused_steps, fallback=fallback)
-                    self.collector.block = ROLLOUT_BLOCK
+            fuse_env_steps(self.collector, env, cfg, self.recurrent, env.num_envs)
             if compiles_gradient_step(self.device, self.recurrent):
                 # The whole gradient step (loss, gradients, clipping, Adam) as one graph.
                 self.step_fn = compile_fn(

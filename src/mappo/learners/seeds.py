@@ -44,26 +44,21 @@ from torch.func import functional_call, vmap
 from mappo.acting import Acted
 from mappo.algos.mappo import GroupSamples, Optimizers, Samples, loss_terms, make_samples
 from mappo.compiled import (
-    BLOCK_MIN_ROLLOUT_STEPS,
     MAX_COMPILED_CHUNK,
-    ROLLOUT_BLOCK,
     compile_fn,
     compile_seconds,
-    fuses_env_step,
     wanted,
 )
 from mappo.config import ConfigError, TrainConfig
 from mappo.data import EnvStep, GroupBuffer, LazyGroups, Rollout, step_from_dict, step_to_dict
 from mappo.envs.base import BatchedEnv
 from mappo.envs.registry import make as make_env
-from mappo.learners.ppo import cpu_pays, generator, traces
+from mappo.learners.ppo import cpu_pays, fuse_env_steps, generator
 from mappo.nn.actor_critic import ActorCritic
 from mappo.rollout import (
     Collector,
     EpisodeTracker,
     allocate,
-    fused_step,
-    fused_steps,
     policy_step,
 )
 
@@ -672,21 +667,9 @@ class StackedPPOLearner:
             step_fn=self.stacked.step,
             traced_step_fn=self.stacked.traced_step,
         )
-        env = blocks.env_of(0)
-        if (
-            self.compiled
-            and isinstance(blocks, OneEnvBlocks)
-            and traces(env)
-            and fuses_env_step(self.device, self.recurrent)
-        ):
-            # The env's step for all seeds joins the stacked policy step in one graph wherever
-            # the env allows, as for one seed (mappo.compiled).
-            fallback = cfg.compile == "auto"
-            self.collector.fused_fn = compile_fn(fused_step, fallback=fallback)
-            steps_per_env = cfg.total_env_steps // blocks.per_seed
-            if not self.recurrent and steps_per_env >= BLOCK_MIN_ROLLOUT_STEPS:
-                self.collector.block_fn = compile_fn(fused_steps, fallback=fallback)
-                self.collector.block = ROLLOUT_BLOCK
+        if self.compiled and isinstance(blocks, OneEnvBlocks):
+            # The one env's step for all seeds joins the stacked policy step, as for one seed.
+            fuse_env_steps(self.collector, blocks.env_of(0), cfg, self.recurrent, blocks.per_seed)
         compile_loss = self.compiled and (
             not self.recurrent or a.data_chunk_length <= MAX_COMPILED_CHUNK
         )
