@@ -467,17 +467,10 @@ class StackedPolicy:
         per_seed = [self.template.draw_noise(batch // self.seeds, g) for g in self.generators]
         return {g: torch.cat([d[g] for d in per_seed], 1) for g in per_seed[0]}
 
-    def step(
-        self,
-        policy: Any,
-        step: EnvStep,
-        actor_states: dict[str, Tensor],
-        critic_states: dict[str, Tensor],
-        starts: Tensor,
-        noise: dict[str, Tensor],
-    ) -> tuple[Any, dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
-        """The collector's step function (:func:`mappo.rollout.policy_step`) for all seeds."""
-        return self._run(self._step, step, actor_states, critic_states, starts, noise)
+    def step(self, policy: Any, *args: Any) -> Any:
+        """The collector's step function (:func:`mappo.rollout.policy_step`, the same arguments
+        and results; ``policy`` is this object) for all seeds; :meth:`_run` lists them."""
+        return self._run(self._step, *args)
 
     def traced_step(self, policy: Any, *args: Any) -> Any:
         """:meth:`step` (the same arguments) with the vmapped step uncompiled, for tracing
