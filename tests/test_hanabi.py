@@ -296,6 +296,10 @@ def test_episodes_end_reset_and_report_their_score(sync_free):
             # the new game starts from a fresh deal; the old one's last view is in final_obs
             assert (env.games.state["dealt"][done] == 10).all()
             assert (step.stats["length"][done] >= 1).all()
+            # every move of a game is counted once, by its kind
+            kinds = [step.stats[k][done] for k in ("discards", "plays", "hints")]
+            torch.testing.assert_close(sum(kinds), step.stats["length"][done])
+            assert (kinds[1] >= step.stats["lives_lost"][done]).all()  # misplays are plays
             lost = step.stats["lives_lost"][done] == 3
             assert (step.stats["score"][done][lost] == 0).all()
             # the reward of the last move brings the return to the final score
@@ -375,6 +379,12 @@ def test_state_round_trip_replays_the_same_game():
     for k in saved:
         assert torch.equal(after[k][ids], saved[k][ids]), k
         assert torch.equal(after[k][others], now[k][others]), k
+    # a state saved before the move counts existed (without "move_counts"): those games count
+    # their moves from zero
+    older = {k: v[ids] for k, v in saved.items() if k != "move_counts"}
+    env.set_state(older, ids)
+    assert (env.get_state()["move_counts"][ids] == 0).all()
+    assert torch.equal(env.get_state()["hands"][ids], saved["hands"][ids])
     for bad, message in (
         (torch.tensor([True, False, True, False, False, False]), "integer indices"),
         (torch.tensor([0, 6]), "must lie in"),

@@ -19,7 +19,9 @@ the one-hot of the player to act that the paper code appends to both inputs is t
 
 Games end by themselves (lives, complete fireworks, the last round after the deck); no time
 limit cuts them, so every end is a termination. Episode statistics: ``score``, ``perfect`` (1
-for 25 in the full game), ``lives_lost`` and ``length`` (moves).
+for 25 in the full game), ``lives_lost``, ``length`` (moves), and the moves of each kind made in
+the game: ``discards``, ``plays`` and ``hints`` (what a policy does: one that hints much and
+plays little runs out of cards with a low score).
 
 A game is replayed exactly by dealing a given deck order (:meth:`HanabiEnv.deal`).
 """
@@ -44,6 +46,8 @@ from mappo.envs.hanabi.game import (
 )
 
 COLOR_LETTERS = "RYGWB"
+MOVE_KINDS = ("discards", "plays", "hints")
+"""The episode statistics counting a game's moves by kind, in the order of the move uids."""
 
 
 class HanabiEnv(BatchedEnv):
@@ -94,9 +98,11 @@ class HanabiEnv(BatchedEnv):
             },
             state_shape=(obs_size + r.hand * self._cards,),
             episode_limit=limit,
-            stat_names=("score", "perfect", "lives_lost", "length"),
+            stat_names=("score", "perfect", "lives_lost", "length", *MOVE_KINDS),
         )
         self._length = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
+        self._moves = torch.zeros(num_envs, len(MOVE_KINDS), dtype=torch.int64, device=self.device)
+        """Moves of each kind of :data:`MOVE_KINDS` made in each running game ``[E, 3]``."""
         self._seats = torch.arange(r.players, device=self.device)
         self._sync_free = self.device.type == "cuda"
         """Step without reading anything back to the host (the GPU path)."""
@@ -107,6 +113,7 @@ class HanabiEnv(BatchedEnv):
             self.generator.manual_seed(seed)
         self.games.reset(self.games.shuffled_decks(self.generator))
         self._length.zero_()
+        self._moves.zero_()
         return self._first_step()
 
     def deal(self, decks: Tensor) -> EnvStep:
@@ -131,12 +138,19 @@ class HanabiEnv(BatchedEnv):
             )
         self.games.reset(decks)
         self._length.zero_()
+        self._moves.zero_()
         return self._first_step()
 
     def _step(self, actions: dict[str, Tensor]) -> EnvStep:
         g = self.games
         acts = actions["players"].reshape(self.num_envs, self.rules.players)
         moves = acts.gather(1, g.state["player"][:, None]).squeeze(1)
+        h = self.rules.hand
+        # discard slot i is move i, play slot i is H + i, every later move a hint
+        kind = (moves >= h).long() + (moves >= 2 * h).long()  # [E] index into MOVE_KINDS
+        self._moves += (
+            torch.nn.functional.one_hot(kind, len(MOVE_KINDS)) * (~g.state["over"])[:, None]
+        )
         reward = g.step(moves)
         self._length += 1
         done = g.state["over"].clone()
@@ -147,6 +161,7 @@ class HanabiEnv(BatchedEnv):
             "perfect": (score == self._cards).float(),
             "lives_lost": lost,
             "length": self._length.float(),
+            **{k: self._moves[:, i].float() for i, k in enumerate(MOVE_KINDS)},
         }
         obs, state, mask, alive = self._views()
         final = (obs, state, mask)
@@ -157,6 +172,7 @@ class HanabiEnv(BatchedEnv):
             fresh = g.shuffled_decks(self.generator)
             g.reset(torch.where(done[:, None], fresh, g.state["deck"]), done)
             self._length = torch.where(done, 0, self._length)
+            self._moves = torch.where(done[:, None], 0, self._moves)
             obs, state, mask, alive = self._views()
         elif bool(done.any()):
             # On the CPU only the finished games draw a deck (shuffling all of them is the
@@ -167,6 +183,7 @@ class HanabiEnv(BatchedEnv):
             decks[ids] = g.shuffled_decks(self.generator, ids.numel())
             g.reset(decks, done)
             self._length = torch.where(done, 0, self._length)
+            self._moves = torch.where(done[:, None], 0, self._moves)
             new = self._views(g.select(ids))
             obs, state, mask, alive = (x.clone() for x in (obs, state, mask, alive))
             for whole, part in zip((obs, state, mask, alive), new, strict=True):
@@ -189,6 +206,7 @@ class HanabiEnv(BatchedEnv):
     def get_state(self) -> dict[str, Tensor]:
         out = {k: v.clone() for k, v in self.games.state.items()}
         out["length"] = self._length.clone()
+        out["move_counts"] = self._moves.clone()
         return out
 
     def set_state(self, state: dict[str, Tensor], env_ids: Tensor | None = None) -> EnvStep:
@@ -203,14 +221,20 @@ class HanabiEnv(BatchedEnv):
                 raise EnvError(f"{self.name}: env_ids must lie in [0, {self.num_envs})")
             if ids.unique().numel() != ids.numel():
                 raise EnvError(f"{self.name}: env_ids must not repeat an env")
+        # the statistics' move counts may be left out (states saved before they existed):
+        # those games count their moves from zero
         keys = set(self.games.state) | {"length"}
-        if set(state) != keys:
+        given = set(state) - {"move_counts"}
+        if given != keys:
             raise EnvError(
                 f"{self.name}: set_state needs the keys of get_state(); missing "
-                f"{sorted(keys - set(state))}, unknown {sorted(set(state) - keys)}"
+                f"{sorted(keys - given)}, unknown {sorted(given - keys)}"
             )
+        if "move_counts" not in state:
+            state = {**state, "move_counts": torch.zeros_like(self._moves[: ids.numel()])}
+        own = {"length": self._length, "move_counts": self._moves}
         for k, v in state.items():
-            target = self._length if k == "length" else self.games.state[k]
+            target = own[k] if k in own else self.games.state[k]
             if v.shape[1:] != target.shape[1:] or v.shape[0] != ids.numel():
                 raise EnvError(
                     f"{self.name}: state['{k}'] must be [{ids.numel()}, "

@@ -85,7 +85,8 @@ def evaluate_scripted(
     name: str, episodes: int = 100, seed: int = 0, device: str | torch.device = "cpu"
 ) -> dict[str, float]:
     """Play ``episodes`` games of ``hanabi/<variant>`` (one per env) with the rule-based player.
-    Returns the mean score, the share of perfect games, lives lost and game length."""
+    Returns the means of the env's episode statistics (score, share of perfect games, lives
+    lost, game length, moves by kind)."""
     if episodes < 1:
         raise ValueError(f"episodes must be a positive integer, got {episodes!r}")
     env = make(name, num_envs=episodes, device=device, seed=seed)
