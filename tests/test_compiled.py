@@ -101,7 +101,7 @@ def test_the_gradient_step_equals_autograd_and_adam(preset, overrides, compiled)
     networks) makes the update that autograd, gradient clipping and ``torch.optim.Adam`` make:
     the same parameters, Adam moments and step counts, losses and gradient norms, over two
     updates at two learning rates; compiled, without compiling again for the second rate."""
-    cfg = config_mod.load(preset, {**SMALL, **overrides, "device": "cpu"})
+    cfg = config_mod.load(preset, {**SMALL, **overrides})
     sides = [("eager", None), ("func", gradient_step)]
     if compiled:
         sides.append(("compiled", compile_fn(gradient_step)))
@@ -151,22 +151,29 @@ def test_the_gradient_step_equals_autograd_and_adam(preset, overrides, compiled)
 
 
 def test_compile_on_takes_the_whole_gradient_step_as_one_graph_on_the_cpu():
-    """On the CPU ``compile=on`` runs a feed-forward network's gradient step as one graph
-    (recurrent losses keep the compiled loss, where the step gained nothing); the env's step
-    joins the rollout's graph only for an env that offers traced steps (so that the bench still
-    times the env apart for the others); rollout blocks of several steps only for feed-forward
-    networks in runs long enough to repay their compile."""
-    from mappo.compiled import BLOCK_MIN_ROLLOUT_STEPS
+    """On the CPU (and on CUDA, ``MAPPO_TEST_DEVICE=cuda``) ``compile=on`` runs a feed-forward
+    network's gradient step as one graph (recurrent losses keep the compiled loss, where the
+    step gained nothing); the env's step joins the rollout's graph only for an env that offers
+    traced steps (so that the bench still times the env apart for the others) and where the
+    device's rule says so (recurrent networks on CUDA keep the policy step's CUDA graph);
+    rollout blocks of several steps only for feed-forward networks in runs long enough to
+    repay their compile."""
+    from mappo.compiled import BLOCK_MIN_ROLLOUT_STEPS, compiles_gradient_step, fuses_env_step
 
+    dev = torch.device(SMALL["device"])
     short = {"total_env_steps": BLOCK_MIN_ROLLOUT_STEPS * SMALL["env.num_envs"] - 1}
+    # preset, overrides, recurrent, the env's step traceable, a run long enough for blocks
     cases = [
-        ("mpe/simple_spread_jaxmarl_ff", {}, True, True, True),
-        ("mpe/simple_spread_jaxmarl_ff", short, True, True, False),
-        ("smac/3m", {"model.recurrent": "none"}, True, False, False),
-        ("mpe/simple_spread", {}, False, True, False),
+        ("mpe/simple_spread_jaxmarl_ff", {}, False, True, True),
+        ("mpe/simple_spread_jaxmarl_ff", short, False, True, False),
+        ("smac/3m", {"model.recurrent": "none"}, False, False, False),
+        ("mpe/simple_spread", {}, True, True, False),
     ]
-    for preset, over, whole_step, fused, blocks in cases:
-        cfg = config_mod.load(preset, {**SMALL, **over, "device": "cpu", "compile": "on"})
+    for preset, over, recurrent, traced, long_run in cases:
+        whole_step = compiles_gradient_step(dev, recurrent)
+        fused = traced and fuses_env_step(dev, recurrent)
+        blocks = fused and long_run
+        cfg = config_mod.load(preset, {**SMALL, **over, "compile": "on"})
         trainer = Trainer(cfg)
         learner = trainer.learner
         assert (learner.step_fn is not None) == whole_step, preset
@@ -400,14 +407,25 @@ def test_the_fused_rollout_step_equals_the_eager_one(preset, bootstrap):
     of 30 steps cross the time limit twice (25 and 50): buffers (with the time-limit
     bootstrap's inputs for the feed-forward case), tracker, env state and the step to act on
     next equal those of eager collection."""
-    overrides = {**SMALL, "rollout_length": 30, "env.num_envs": 4, "device": "cpu"}
+    from mappo.compiled import fuses_env_step
+
+    overrides = {**SMALL, "rollout_length": 30, "env.num_envs": 4}
     overrides["algo.bootstrap_truncation"] = bootstrap
     trainers = {
         mode: Trainer(config_mod.load(preset, {**overrides, "compile": mode}))
         for mode in ("off", "on")
     }
     compiled = trainers["on"].collector
-    assert trainers["off"].collector.fused_fn is None and compiled.fused_fn is not None
+    assert trainers["off"].collector.fused_fn is None
+    recurrent = trainers["on"].cfg.model.recurrent != "none"
+    if not fuses_env_step(torch.device(SMALL["device"]), recurrent):
+        # (CUDA, recurrent: the policy step's CUDA graph and the eager env step instead,
+        # which test_compiled_updates_equal_eager compares)
+        assert compiled.fused_fn is None and compiled.block_fn is None
+        for t in trainers.values():
+            t.close()
+        return
+    assert compiled.fused_fn is not None
     blocks = trainers["on"].cfg.model.recurrent == "none"
     assert (compiled.block_fn is not None) == blocks and compiled.block == (8 if blocks else 0)
     claims = {"traced": 0, "eager": 0, "blocks": 0}
@@ -643,7 +661,8 @@ def test_auto_falls_back_to_eager_when_compiling_fails(monkeypatch):
 
     def broken(fn, **kwargs):
         def fail(*args, **kw):
-            raise RuntimeError("no C++ compiler found")
+            # what torch raises without a C++ compiler (an InductorError is one of these)
+            raise torch._dynamo.exc.TorchDynamoException("no C++ compiler found")
 
         return fail
 
@@ -658,6 +677,40 @@ def test_auto_falls_back_to_eager_when_compiling_fails(monkeypatch):
         assert torch.equal(auto[1][k], v), k
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
         _iterate("mpe/simple_spread_jaxmarl_ff", "on", over, iterations=1)
+
+
+def test_auto_does_not_rerun_a_step_that_failed_while_updating_its_inputs(monkeypatch):
+    """The fused env steps and the whole gradient step update their inputs in place (the env's
+    state, the parameters, Adam's moments). A failure while such a graph runs (not a failure to
+    compile) may leave them half updated; ``compile=auto`` must raise it rather than run the
+    step again eagerly, which would apply it twice. Functions that update nothing still fall
+    back."""
+    from mappo.compiled import compile_fn
+
+    def broken(fn, **kwargs):
+        def fail(*args, **kw):
+            raise RuntimeError("CUDA error: an illegal memory access")
+
+        return fail
+
+    monkeypatch.setattr(torch, "compile", broken)
+    counts = torch.zeros(3)
+
+    def bump(x: torch.Tensor) -> torch.Tensor:
+        x += 1
+        return x
+
+    safe = compile_fn(bump, fallback=True)
+    with pytest.warns(RuntimeWarning, match="compiling bump failed"):
+        safe(counts)
+    assert counts.tolist() == [1.0, 1.0, 1.0]
+    mutating = compile_fn(bump, fallback=True, mutates=True)
+    with pytest.raises(RuntimeError, match="failed while running .* not run again eagerly"):
+        mutating(counts)
+    assert counts.tolist() == [1.0, 1.0, 1.0]  # not stepped a second time
+    over = {**SMALL, "device": "cpu", "total_env_steps": 2_000_000}
+    with pytest.raises(RuntimeError, match="compiled fused_step.? failed while running"):
+        _iterate("mpe/simple_spread_jaxmarl_ff", "auto", over, iterations=1)
 
 
 @pytest.mark.parametrize("num_seeds", [1, 2])

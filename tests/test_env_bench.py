@@ -77,6 +77,7 @@ def test_compiled_particle_world_rows_match_an_eager_copy() -> None:
     )
     assert [r["env"] for r in rows] == ["mpe/simple_spread", "mpe/simple_spread compiled"]
     compiled = rows[1]
+    # (bench_compiled raises if no step ran compiled, so the row is a compiled one)
     assert compiled["steps_per_second"] > 0
     # The same arithmetic as the eager step, up to rounding, after 3.5 episodes.
     assert compiled["state_diff"] < 1e-4
@@ -111,3 +112,16 @@ def test_the_compiled_stepper_state_check_sees_other_actions() -> None:
     for k in mine:
         torch.testing.assert_close(mine[k], same[k], rtol=0, atol=1e-5)
     assert (mine["agent_pos"] - other["agent_pos"]).abs().max() > 1e-3
+
+
+def test_the_compiled_bench_refuses_to_time_an_env_it_cannot_compile(monkeypatch) -> None:
+    """A particle world that never lets a block be traced would be timed eagerly under the
+    compiled row's name: the bench says so instead."""
+    import pytest
+
+    from mappo.bench.env import bench_compiled
+    from mappo.envs.mpe.core import ParticleEnv
+
+    monkeypatch.setattr(ParticleEnv, "claim_traced_steps", lambda self, count: None)
+    with pytest.raises(RuntimeError, match="no steps were compiled"):
+        bench_compiled("mpe/simple_spread", 4, 0.01)

@@ -20,6 +20,7 @@ import torch
 
 from mappo import config as config_mod
 from mappo.cli import main
+from mappo.compiled import fuses_env_step
 from mappo.config import ConfigError
 from mappo.envs.registry import make
 from mappo.learners.seeds import OneEnvBlocks, StackedPPOLearner, make_seed_envs, seed_grad_norms
@@ -250,10 +251,12 @@ def test_compiled_stacked_updates_equal_eager(preset, blocks):
     for setting in ("off", "on"):
         cfgs = [dataclasses.replace(cfg, seed=s, compile=setting) for s in (1, 2)]
         stacked = StackedPPOLearner(cfgs, make_seed_envs(cfgs, torch.device(DEVICE)))
-        if setting == "on" and DEVICE == "cpu":
-            # The particle world's step is traced with the stacked policy step.
-            assert stacked.collector.fused_fn is not None
-            assert (stacked.collector.block_fn is not None) == blocks
+        if setting == "on":
+            # The particle world's step is traced with the stacked policy step where the
+            # device's rule says so (the CPU always; CUDA for feed-forward networks).
+            fused = fuses_env_step(torch.device(DEVICE), recurrent=not blocks)
+            assert (stacked.collector.fused_fn is not None) == fused
+            assert (stacked.collector.block_fn is not None) == (blocks and fused)
         for it in range(2):
             stacked.iterate(it, 0)
         out.append([p.state_dict() for p in stacked.policies])

@@ -148,12 +148,16 @@ def compile_fn(
     cuda_graphs: bool = False,
     fallback: bool = False,
     eager: Callable[..., Any] | None = None,
+    mutates: bool = False,
 ) -> Callable[..., Any]:
     """``fn`` compiled as one static-shape graph (``fullgraph``), replayed as a CUDA graph when
     ``cuda_graphs`` (for functions whose tensors live on a CUDA device). With ``fallback``
     (``compile=auto``), a call that fails where the eager function succeeds (no C++ compiler, an
     operation torch cannot compile) warns once and runs the eager function from then on:
-    ``eager``, a function of the same arguments and results, or ``fn`` itself.
+    ``eager``, a function of the same arguments and results, or ``fn`` itself. ``mutates``:
+    ``fn`` updates its inputs in place (an env's state, parameters and Adam's moments), so only
+    a failure to compile falls back; a failure while the graph runs may have updated part of
+    them, and running ``fn`` again would apply the step twice, so it is raised.
 
     Each call compiles a fresh copy of ``fn`` (a new code object): torch keeps its compiled
     graphs per code object and refuses after a few recompilations, which would otherwise come
@@ -185,11 +189,11 @@ def compile_fn(
             torch.compiler.cudagraph_mark_step_begin()
             return _copy_out(graph(*args, **kwargs))
 
-    return _with_fallback(compiled, eager or fn, fn.__name__) if fallback else compiled
+    return _with_fallback(compiled, eager or fn, fn.__name__, mutates) if fallback else compiled
 
 
 def _with_fallback(
-    compiled: Callable[..., Any], fn: Callable[..., Any], name: str
+    compiled: Callable[..., Any], fn: Callable[..., Any], name: str, mutates: bool = False
 ) -> Callable[..., Any]:
     """``compiled``, or ``fn`` once ``compiled`` (of the function called ``name``) has failed
     on arguments that ``fn`` accepts.
@@ -199,7 +203,11 @@ def _with_fallback(
     ``fn`` raises too is the caller's, and is raised as ``fn`` raises it. Where the loss alone
     is compiled (recurrent networks), its backward graph is compiled later, in
     ``backward()`` outside this call; a failure there (with the forward compiled) is not
-    caught. A missing C++ compiler fails the forward first."""
+    caught. A missing C++ compiler fails the forward first.
+
+    With ``mutates``, only torch's compile errors (``TorchDynamoException``: tracing, lowering,
+    the C++ or Triton compiler) fall back; any other error comes from running the graph (a
+    kernel launch, memory) after it may have updated its inputs, and is raised."""
     use_eager = False
 
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -209,11 +217,18 @@ def _with_fallback(
         try:
             return compiled(*args, **kwargs)
         except Exception as err:
+            if mutates and not isinstance(err, torch._dynamo.exc.TorchDynamoException):
+                raise RuntimeError(
+                    f"compile=auto: the compiled {name} failed while running "
+                    f"({type(err).__name__}: {_first_line(err)}); it updates its inputs in "
+                    "place, so it is not run again eagerly (compile=off trains without "
+                    "compiling)"
+                ) from err
             out = fn(*args, **kwargs)
             use_eager = True
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
             warnings.warn(
-                f"compile=auto: compiling {name} failed ({type(err).__name__}: {first}); "
+                f"compile=auto: compiling {name} failed ({type(err).__name__}: "
+                f"{_first_line(err)}); "
                 "it runs eagerly from here on (compile=off skips compiling, compile=on makes "
                 "this an error)",
                 RuntimeWarning,
@@ -222,6 +237,11 @@ def _with_fallback(
             return out
 
     return call
+
+
+def _first_line(err: Exception) -> str:
+    """The first line of ``err``'s message (at most 200 characters), or its type's name."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
 
 
 def _copy_out(x: Any) -> Any:

@@ -77,9 +77,9 @@ def fuse_env_steps(
     if not (traces(env) and fuses_env_step(env.device, recurrent)):
         return
     fallback = cfg.compile == "auto"
-    collector.fused_fn = compile_fn(fused_step, fallback=fallback)
+    collector.fused_fn = compile_fn(fused_step, fallback=fallback, mutates=True)
     if not recurrent and cfg.total_env_steps // envs_per_run >= BLOCK_MIN_ROLLOUT_STEPS:
-        collector.block_fn = compile_fn(fused_steps, fallback=fallback)
+        collector.block_fn = compile_fn(fused_steps, fallback=fallback, mutates=True)
         collector.block = ROLLOUT_BLOCK
 
 
@@ -126,7 +126,7 @@ class PPOLearner:
             if compiles_gradient_step(self.device, self.recurrent):
                 # The whole gradient step (loss, gradients, clipping, Adam) as one graph.
                 self.step_fn = compile_fn(
-                    gradient_step, fallback=fallback, eager=eager_gradient_step
+                    gradient_step, fallback=fallback, eager=eager_gradient_step, mutates=True
                 )
             elif not self.recurrent or cfg.algo.data_chunk_length <= MAX_COMPILED_CHUNK:
                 self.terms_fn = compile_fn(loss_terms, graphs, fallback)
