@@ -401,12 +401,12 @@ def test_fused_segments_equal_the_step_loop(kind, max_step, monkeypatch):
 )
 def test_the_fused_rollout_step_equals_the_eager_one(preset, bootstrap):
     """On the CPU the compiled rollout traces the env's step, the policy and the episode tracker
-    into one graph on every step where no episode ends (the particle world's
-    ``claim_traced_step``), feed-forward networks eight such steps per graph where eight in a
-    row end no episode (``claim_traced_steps``), and steps eagerly where one ends. Two rollouts
-    of 30 steps cross the time limit twice (25 and 50): buffers (with the time-limit
-    bootstrap's inputs for the feed-forward case), tracker, env state and the step to act on
-    next equal those of eager collection."""
+    into one graph on every step (the particle world's ``claim_traced_step``), feed-forward
+    networks eight steps per graph (``claim_traced_steps``), episode ends included: the resets'
+    random numbers are drawn when the steps are claimed. Two rollouts of 30 steps cross the time
+    limit twice (25 and 50): buffers (with the time-limit bootstrap's inputs for the
+    feed-forward case), tracker, env state and the step to act on next equal those of eager
+    collection."""
     from mappo.compiled import fuses_env_step
 
     overrides = {**SMALL, "rollout_length": 30, "env.num_envs": 4}
@@ -457,11 +457,11 @@ def test_the_fused_rollout_step_equals_the_eager_one(preset, bootstrap):
                     continue
                 torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=f.name)
     if blocks:
-        # Steps 1-24 in three blocks, 25 eager, 26-30 single; 31-46 in two blocks, 47-49
-        # single (a block would cross 50), 50 eager, 51-58 a block, 59-60 single.
-        assert claims == {"traced": 10, "eager": 2, "blocks": 6}
+        # Per rollout of 30 steps, three blocks (the second crosses the end at step 25, the
+        # fifth the one at 50) and six single steps; nothing eager.
+        assert claims == {"traced": 12, "eager": 0, "blocks": 6}
     else:
-        assert claims == {"traced": 58, "eager": 2, "blocks": 0}
+        assert claims == {"traced": 60, "eager": 0, "blocks": 0}
     collectors = {mode: t.collector for mode, t in trainers.items()}
     want_env, got_env = (c.env.get_state() for c in collectors.values())
     for k, v in want_env.items():
@@ -476,13 +476,14 @@ def test_the_fused_rollout_step_equals_the_eager_one(preset, bootstrap):
             torch.testing.assert_close(got_track[k], v, rtol=1e-5, atol=1e-5, msg=k)
     for group, obs in collectors["off"].step.obs.items():
         torch.testing.assert_close(collectors["on"].step.obs[group], obs, rtol=1e-5, atol=1e-5)
-    # One graph for the fused step, one for the policy step of the eager (reset) steps and one
-    # for the block, also after a checkpoint round trip: nothing recompiles per step.
+    # One graph for the fused step and one for the block, whether or not an episode ends in
+    # it, also after a checkpoint round trip: nothing recompiles per step (and the policy step
+    # alone, for eager env steps, is never compiled).
     compiled.load_state_dict(compiled.state_dict(), fallback_seed=0)
     compiled.env.claim_traced_step, compiled.env.claim_traced_steps = claim, claim_block
     trainers["on"].collector.collect()
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before
-    assert graphs == 2 + blocks
+    assert graphs == 1 + blocks
     for t in trainers.values():
         t.close()
 
@@ -552,26 +553,70 @@ def test_block_records_are_written_as_single_assignments_would_be():
     assert torch.equal(dest, want) and dest.dtype == torch.float32
 
 
-def test_a_particle_world_claims_runs_of_steps_only_where_no_episode_ends():
-    """``claim_traced_steps(k)`` claims the next ``k`` steps only where none of them ends an
-    episode, and claims nothing otherwise; other envs, and particle worlds that override
-    ``claim_traced_step`` alone, claim one step at a time at most."""
+@pytest.mark.parametrize(
+    "name", ["mpe/simple_spread", "mpe/simple_reference", "mpe/simple_speaker_listener"]
+)
+def test_claimed_steps_cross_episode_ends_as_eager_steps_do(name):
+    """``claim_traced_steps(k)`` hands out the next ``k`` steps, time-limit ends included: the
+    episodes that start within them are drawn when they are claimed, in the order an eager step
+    would draw them, so claimed steps (run eagerly here, as the compiled graph would trace them)
+    give exactly what ``step`` gives: observations, rewards, ends, final observations and
+    state, with the envs in phase and after they are set to end on different steps."""
+    from mappo.envs.registry import make
+
+    envs = [make(name, num_envs=3, episode_length=5, seed=4) for _ in range(2)]
+    claimed, eager = envs
+    for e in envs:
+        e.reset(seed=0)
+        e.validate_actions = False
+    gen = torch.Generator().manual_seed(0)
+
+    def actions() -> dict[str, torch.Tensor]:
+        return {
+            g: torch.stack([torch.randint(0, n, (3, spec.num_agents), generator=gen)
+                            for n in spec.action.nvec], -1)
+            for g, spec in claimed.spec.groups.items()
+        }  # fmt: skip
+
+    ends = 0
+    for phase in ("together", "staggered"):
+        if phase == "staggered":
+            for e in envs:
+                e.set_state({"step": torch.tensor([1, 0, 3])})
+        for count in (4, 2, 1, 8, 3, 7, 1, 1, 5):
+            fn = claimed.claim_traced_steps(count)
+            assert fn is not None
+            for _ in range(count):
+                a = actions()
+                got, want = fn(a), eager.step(a)
+                ends += int(want.truncated.sum())
+                assert torch.equal(got.truncated, want.truncated)
+                for g in want.obs:
+                    assert torch.equal(got.obs[g], want.obs[g]), (phase, g)
+                    assert torch.equal(got.final_obs[g], want.final_obs[g]), (phase, g)
+                    assert torch.equal(got.reward[g], want.reward[g]), (phase, g)
+                assert torch.equal(got.state, want.state)
+                for k, v in want.stats.items():
+                    got_k = got.stats[k]
+                    assert torch.equal(got_k[want.truncated], v[want.truncated]), k
+            mine, theirs = claimed.get_state(), eager.get_state()
+            for k, v in theirs.items():
+                assert torch.equal(mine[k], v), (phase, k)
+    assert ends > 12
+
+
+def test_which_envs_hand_out_traced_steps():
+    """A particle world hands out traced steps only where actions are not checked; a subclass
+    with its own ``_step`` never, one that overrides ``claim_traced_step`` alone is asked one
+    step at a time; envs without traced steps (SMAC) none."""
     from mappo.envs.mpe.simple_spread import SimpleSpread
     from mappo.envs.registry import make
 
-    env = make("mpe/simple_spread", num_envs=2, episode_length=5)
+    env = make("mpe/simple_spread", num_envs=2, episode_length=3)
     env.reset(seed=0)
+    assert env.claim_traced_step() is None  # actions are checked: every step goes through step
     env.validate_actions = False
-    actions = {"agents": torch.zeros(2, 3, 1, dtype=torch.long)}
-    fn = env.claim_traced_steps(4)  # steps 1-4
-    assert fn is not None
-    for _ in range(4):
-        assert not bool(fn(actions).truncated.any())
-    assert env.claim_traced_steps(2) is None  # step 5 ends the episodes
-    assert env.claim_traced_step() is None  # nothing was claimed: step 5 is still next
-    assert bool(env.step(actions).truncated.all())
-    assert env.claim_traced_steps(4) is not None  # steps 6-9
-    assert env.claim_traced_steps(1) is None  # step 10
+    assert env.claim_traced_step() is not None and env.claim_traced_steps(8) is not None
     smac = make("smac/3m", num_envs=2)
     smac.validate_actions = False
     assert smac.claim_traced_steps(1) is None and smac.claim_traced_steps(8) is None
@@ -584,51 +629,16 @@ def test_a_particle_world_claims_runs_of_steps_only_where_no_episode_ends():
         def claim_traced_step(self):
             return super().claim_traced_step()
 
-    for cls, single in ((Untraced, False), (OneAtATime, True)):
+    class Terminating(SimpleSpread):  # another way to end episodes: never traced
+        def _step(self, actions):
+            return super()._step(actions)
+
+    for cls, single in ((Untraced, False), (OneAtATime, True), (Terminating, False)):
         own = cls(num_envs=2)
         own.reset(seed=0)
         own.validate_actions = False
         assert own.claim_traced_steps(4) is None, cls.__name__
         assert (own.claim_traced_steps(1) is not None) == single, cls.__name__
-
-
-def test_a_particle_world_claims_only_steps_where_no_episode_ends():
-    """The particle world hands out a traced step only where no env reaches the time limit and
-    actions are not checked, also when its envs end on different steps; a subclass with its own
-    ``_step`` is never traced."""
-    from mappo.envs.mpe.simple_spread import SimpleSpread
-    from mappo.envs.registry import make
-
-    env = make("mpe/simple_spread", num_envs=2, episode_length=3)
-    env.reset(seed=0)
-    assert env.claim_traced_step() is None  # actions are checked: every step goes through step
-    env.validate_actions = False
-    actions = {"agents": torch.zeros(2, 3, 1, dtype=torch.long)}
-    seen = []
-    for _ in range(7):
-        fn = env.claim_traced_step()
-        seen.append(fn is not None)
-        if fn is None:
-            assert bool(env.step(actions).truncated.all())
-        else:
-            assert not bool(fn(actions).truncated.any())
-    assert seen == [True, True, False, True, True, False, True]
-    env.set_state({"step": torch.tensor([1, 0])})  # the envs now end on different steps
-    seen, ends = [], []
-    for _ in range(6):
-        fn = env.claim_traced_step()
-        seen.append(fn is not None)
-        ends.append((env.step(actions) if fn is None else fn(actions)).truncated.tolist())
-    assert seen == [True, False, False, True, False, False]
-    assert ends == [[False, False], [True, False], [False, True]] * 2
-
-    class Terminating(SimpleSpread):
-        def _step(self, actions):
-            return super()._step(actions)
-
-    own = Terminating(num_envs=2)
-    own.validate_actions = False
-    assert own.claim_traced_step() is None
 
 
 def test_auto_compiles_long_particle_world_runs_on_the_cpu():
@@ -672,7 +682,9 @@ def test_auto_falls_back_to_eager_when_compiling_fails(monkeypatch):
     with pytest.warns(RuntimeWarning, match="compile=auto: compiling .* failed") as caught:
         auto = _iterate("mpe/simple_spread_jaxmarl_ff", "auto", over, iterations=2)
     names = sorted(str(w.message).split()[2] for w in caught)
-    assert names == ["fused_step", "fused_steps", "gradient_step", "policy_step"], names
+    # (the single fused step and the policy step alone are compiled for steps outside blocks
+    # and for eager env steps, which these rollouts have none of)
+    assert names == ["fused_steps", "gradient_step"], names  # 16-step rollouts: two blocks
     for k, v in eager[1].items():
         assert torch.equal(auto[1][k], v), k
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):

@@ -10,14 +10,16 @@ What is compiled, and why there:
   the eager path's actions.
 - :func:`mappo.rollout.fused_step` (CPU; CUDA for feed-forward networks): the policy step, the
   env's step and the episode tracker as one graph, on every step where the env lets its step be
-  traced (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_step`: the particle world does
-  wherever no episode ends, so 24 of 25 Spread steps). About a hundred small ops per step
-  become one call and a few fused kernels; the rollout of JaxMARL's Spread settings took 1.6x
-  less time (BENCHMARKS.md). Other envs, and the steps where an episode ends, run the policy
-  graph and the env's eager step.
+  traced (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_step`: the particle world does on
+  every step, time-limit ends included, the new episodes' random numbers drawn when the step is
+  claimed). About a hundred small ops per step become one call and a few fused kernels; the
+  rollout of JaxMARL's Spread settings took 1.6x less time (BENCHMARKS.md). Other envs run the
+  policy graph and the env's eager step.
 - :func:`mappo.rollout.fused_steps` (feed-forward networks): :data:`ROLLOUT_BLOCK`
   fused steps as one graph, with what the rollout records of each, wherever the env lets
-  that many steps in a row be traced (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_steps`).
+  that many steps in a row be traced (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_steps`;
+  the particle world's, across episode ends too, so a rollout is whole blocks and a few single
+  steps, one graph each, whether or not an episode ends in them).
   What remained per step around the fused graph (torch's guards and call wrapper, a dozen
   copies into the rollout buffers) cost as much as the graph itself: the rollout of JaxMARL's
   Spread settings took 1.7x less time. Recurrent networks keep one step per call: their update

@@ -121,12 +121,13 @@ COMPILED_BLOCK = 8
 
 
 class CompiledStepper:
-    """Steps an env ``COMPILED_BLOCK`` steps per call of one compiled graph wherever no episode
-    ends (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_steps`, the particle world), and
-    eagerly on the steps where one does (the resets draw random numbers, which a graph cannot).
-    A block takes ``actions[0..K-1]`` in turn; an eager step ``actions[count % K]``, where
-    ``count`` is the number of steps taken before it. ``log`` records ``(count, steps)`` per
-    call, so that an eager copy of the env can be driven through the same actions."""
+    """Steps an env ``COMPILED_BLOCK`` steps per call of one compiled graph
+    (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_steps`: the particle world's, episode ends
+    included, their new episodes drawn when the steps are claimed), and one step eagerly where
+    the env hands out no traced steps. A block takes ``actions[0..K-1]`` in turn; an eager step
+    ``actions[count % K]``, where ``count`` is the number of steps taken before it. ``log``
+    records ``(count, steps)`` per call, so that an eager copy of the env can be driven through
+    the same actions."""
 
     def __init__(self, env: BatchedEnv, actions: list[dict[str, Tensor]]) -> None:
         from mappo.learners.ppo import traces
@@ -146,7 +147,7 @@ class CompiledStepper:
         self.log: list[tuple[int, int]] = []
 
     def advance(self) -> int:
-        """One block, or one eager step where an episode ends within a block; the steps taken."""
+        """One block, or one eager step where the env hands out no block; the steps taken."""
         traced = self.env.claim_traced_steps(COMPILED_BLOCK)
         if traced is None:
             self.env.step(self.actions[self.count % len(self.actions)])

@@ -132,12 +132,13 @@ class BatchedEnv(abc.ABC):
         A returned function must be called exactly once, in place of :meth:`step`, with
         actions that need no checks: the env has already counted the step in any host-side
         bookkeeping it keeps. Return the same function each time (a bound method) and let it
-        read no Python value that changes from step to step (a counter, a flag): the compiled
-        graph is specialised on such values and would be recompiled on every step. The action
-        masks of a traced step are not remembered for :meth:`check_action_masks`, so an env
-        with action masks should only offer it while ``validate_actions`` is off. The particle
-        world offers it on every step where no episode ends (resets draw random numbers,
-        which cannot enter a graph)."""
+        read no Python value that differs from one claim to the next when it is called (a step
+        counter, a flag): the compiled graph is specialised on such values and would be
+        recompiled on every step. Random numbers cannot enter a graph: draw them when the step
+        is claimed, into tensors the function reads. The action masks of a traced step are not
+        remembered for :meth:`check_action_masks`, so an env with action masks should only
+        offer it while ``validate_actions`` is off. The particle world offers it on every step,
+        drawing the episodes that start on it (at the time limit) when it is claimed."""
         return None
 
     def claim_traced_steps(self, count: int) -> Callable[[dict[str, Tensor]], EnvStep] | None:

@@ -228,6 +228,10 @@ class ParticleEnv(BatchedEnv):
         self._move_force = SENSITIVITY * torch.tensor(MOVE_DIRECTIONS, device=dev).t().contiguous()
         self._init_contacts(world)
         self._state: dict[str, Tensor] = {}
+        self._ahead_slots: dict[int, list[dict[str, Tensor]]] = {}
+        """Per claimed run length, the fresh episodes drawn ahead for its steps."""
+        self._ahead: list[dict[str, Tensor]] = []
+        self._ahead_at = 0
         self._fields = self._state_fields()
         self._reset_envs(None)
         self.generator.manual_seed(self.seed)
@@ -413,9 +417,49 @@ class ParticleEnv(BatchedEnv):
         reward, stats = self._reward_and_stats()
         return obs, state, reward, stats
 
+    def _traced_step(self, actions: dict[str, Tensor]) -> EnvStep:
+        """One step of a claimed run (:meth:`claim_traced_steps`): tensor code only, so the
+        compiled rollout can trace it. Envs that reach the time limit start the episode that
+        the claim drew ahead for this step (:meth:`_draw_ahead`), as :meth:`_step` would
+        start them; on the steps where no env ends, the same code keeps every env as it is,
+        so that one graph serves runs with and without episode ends."""
+        fresh = self._ahead[self._ahead_at]
+        self._ahead_at += 1
+        obs, state, reward, stats = self._world_step(actions)
+        truncated = self._state["step"] >= self.episode_length
+        self._state = {k: torch.where(truncated, fresh[k], v) for k, v in self._state.items()}
+        new_obs, new_state = self._observe()
+        return EnvStep(
+            obs=new_obs,
+            state=new_state,
+            reward=reward,
+            terminated=torch.zeros_like(truncated),
+            truncated=truncated,
+            alive=self._alive(),
+            final_obs=obs,
+            final_state=state,
+            stats=stats,
+        )
+
+    def _draw_ahead(self, count: int) -> None:
+        """Draw now the fresh episodes that the next ``count`` steps start where envs reach the
+        time limit, in the order :meth:`_step` would draw them (so the random numbers are the
+        same), into per-step slots that :meth:`_traced_step` reads in turn. The slots are
+        allocated once per ``count`` and overwritten in place: a traced graph sees the same
+        tensors on every call, so nothing recompiles with the pattern of episode ends."""
+        slots = self._ahead_slots.get(count)
+        if slots is None or slots[0].keys() != self._state.keys():
+            slots = [{k: torch.empty_like(v) for k, v in self._state.items()} for _ in range(count)]
+            self._ahead_slots[count] = slots
+        for ahead in range(1, count + 1):
+            if self._an_episode_ends_next(ahead):
+                for k, v in self._fresh_episode().items():
+                    slots[ahead - 1][k].copy_(v)
+        self._ahead, self._ahead_at = slots, 0
+
     def _plain_step(self, actions: dict[str, Tensor]) -> EnvStep:
         """A step at which no episode ends: tensor code only (no random numbers, no host
-        reads), so the compiled rollout can trace it (:meth:`claim_traced_step`)."""
+        reads)."""
         obs, state, reward, stats = self._world_step(actions)
         done = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
         return EnvStep(
@@ -431,15 +475,17 @@ class ParticleEnv(BatchedEnv):
         )
 
     def claim_traced_step(self) -> Callable[[dict[str, Tensor]], EnvStep] | None:
-        """:meth:`_plain_step` when no env ends its episode on the next step and actions are
-        not checked (the time limit is the only episode end, known on the host). A subclass
-        that overrides ``_step`` (another way to end episodes, say) is never traced."""
+        """:meth:`_traced_step` for the next step where actions are not checked. The time
+        limit is the only episode end and is known on the host, so the random numbers of the
+        episodes that start on that step are drawn now (:meth:`_draw_ahead`) and the step
+        itself draws none. A subclass that overrides ``_step`` (another way to end episodes,
+        say) is never traced."""
         return self._claim(1)
 
     def claim_traced_steps(self, count: int) -> Callable[[dict[str, Tensor]], EnvStep] | None:
-        """:meth:`_plain_step` for the next ``count`` steps where no episode ends on any of
-        them (see :meth:`claim_traced_step`). A subclass that overrides only
-        :meth:`claim_traced_step` (to trace fewer steps, or none) is asked one step at a time."""
+        """:meth:`_traced_step` for the next ``count`` steps, episode ends included (see
+        :meth:`claim_traced_step`). A subclass that overrides only :meth:`claim_traced_step`
+        (to trace fewer steps, or none) is asked one step at a time."""
         if type(self).claim_traced_step is not ParticleEnv.claim_traced_step:
             return super().claim_traced_steps(count)
         return self._claim(count)
@@ -447,10 +493,9 @@ class ParticleEnv(BatchedEnv):
     def _claim(self, count: int) -> Callable[[dict[str, Tensor]], EnvStep] | None:
         if type(self)._step is not ParticleEnv._step or self.validate_actions:
             return None
-        if any(self._an_episode_ends_next(ahead) for ahead in range(1, count + 1)):
-            return None
+        self._draw_ahead(count)
         self._now += count
-        return self._plain_step
+        return self._traced_step
 
     def _an_episode_ends_next(self, ahead: int = 1) -> bool:
         """Whether some env reaches the time limit on the step ``ahead`` steps from now
@@ -613,6 +658,15 @@ class ParticleEnv(BatchedEnv):
     def _reset_envs(self, mask: Tensor | None) -> None:
         """Draw a fresh episode for every env and keep it where ``mask`` ``[E]`` is True (all
         envs when ``None``)."""
+        fresh = self._fresh_episode()
+        if mask is None:
+            self._state = fresh
+        else:
+            self._state = {k: torch.where(mask, fresh[k], v) for k, v in self._state.items()}
+
+    def _fresh_episode(self) -> dict[str, Tensor]:
+        """A new episode's state for every env (the internal layout), drawn from the env's
+        generators."""
         n, m, c, e = (
             self.world.num_agents,
             self.world.num_landmarks,
@@ -627,10 +681,7 @@ class ParticleEnv(BatchedEnv):
         fresh["landmark_pos"] = self._rand(2, m).mul_(2.0).sub_(1.0).mul_(self.landmark_spawn_scale)
         fresh["step"] = torch.zeros(e, dtype=torch.int64, device=dev)
         fresh.update(self._fresh_accumulators())
-        if mask is None:
-            self._state = fresh
-        else:
-            self._state = {k: torch.where(mask, fresh[k], v) for k, v in self._state.items()}
+        return fresh
 
     def _sync_phases(self) -> None:
         """Recompute on the host the step phases at which some env hits the time limit."""
