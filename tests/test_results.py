@@ -158,4 +158,23 @@ def test_runs_without_values_are_left_out_and_each_task_gets_its_own_metric(tmp_
     assert by_task["smac/3m"].final_mean == 0.5
     with pytest.warns(UserWarning, match="does not log"):
         fig = plot_curves(configs, RETURN)
-    assert len(fig.axes[0].lines) == 1
+    assert len(fig.axes) == 1 and len(fig.axes[0].lines) == 1
+
+
+def test_plot_draws_one_panel_per_task(tmp_path):
+    """Several scenarios (a sweep of the paper's three particle worlds): one panel each, with
+    that task's configurations, so that returns of different scales do not share an axis."""
+    for seed in (1, 2):
+        _fake_run(tmp_path, seed, [(1000, -150.0), (2000, -120.0 + seed)])
+        _fake_run(
+            tmp_path, seed, [(1000, -20.0), (2000, -11.0 - seed)], preset="mpe/simple_reference"
+        )
+        _fake_run(
+            tmp_path, seed, [(1000, -21.0), (2000, -12.0)], preset="mpe/simple_reference_mappo"
+        )
+    configs = group_runs(find_runs([tmp_path]))
+    fig = plot_curves(configs, RETURN, title="paper/mpe")
+    assert [ax.get_title() for ax in fig.axes] == ["mpe/simple_reference", "mpe/simple_spread"]
+    assert [len(ax.lines) for ax in fig.axes] == [2, 1]
+    assert [len(ax.collections) for ax in fig.axes] == [2, 1]
+    assert fig._suptitle.get_text() == "paper/mpe"

@@ -55,29 +55,46 @@ def plot_curves(
     out: str | Path | None = None,
     title: str | None = None,
 ) -> Any:
-    """A figure with one line and one band per configuration; saved to ``out`` when given
-    (the format follows its suffix: .png, .pdf, .svg). Returns the matplotlib Figure."""
+    """A figure with one line and one band per configuration, one panel per task (a sweep of
+    several scenarios has returns on different scales: Spread's -110 would flatten Comm's -12);
+    saved to ``out`` when given (the format follows its suffix: .png, .pdf, .svg). Returns the
+    matplotlib Figure; its axes follow the tasks in the order of ``configs``."""
     if x not in X_AXES:
         raise ResultsError(f"--x must be one of {list(X_AXES)}, got {x!r}")
     check_metric([r for c in configs for r in c.runs], metric)
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(7.0, 4.5), dpi=120)
+    panels: dict[str, list[tuple[Configuration, tuple[np.ndarray, ...]]]] = {}
     for conf in configs:
         if not any(metric in r.columns for r in conf.runs):
             warnings.warn(f"'{conf.label}' does not log '{metric}'; left out", stacklevel=2)
             continue
         try:
-            grid, mean, low, high = aggregate(conf, metric, x)
+            series = aggregate(conf, metric, x)
         except ResultsError as err:  # no seed of it has evaluated yet
             warnings.warn(f"{err}; left out", stacklevel=2)
             continue
-        (line,) = ax.plot(grid, mean, label=f"{conf.label} ({len(conf.runs)} seeds)")
-        ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-    ax.set_xlabel(X_AXES[x])
-    ax.set_ylabel(metric)
-    ax.set_title(title or ", ".join(sorted({c.task for c in configs})))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+        panels.setdefault(conf.task, []).append((conf, series))
+    plt = _pyplot()
+    n = max(1, len(panels))
+    cols = min(n, 3)
+    rows = -(-n // cols)
+    size = (7.0, 4.5) if n == 1 else (5.2 * cols, 4.0 * rows)
+    fig, grid_axes = plt.subplots(rows, cols, figsize=size, dpi=120, squeeze=False)
+    axes = list(grid_axes.flat)
+    for ax in axes[len(panels) :] if panels else axes[1:]:
+        ax.remove()
+    for ax, (task, members) in zip(axes, panels.items(), strict=False):
+        for conf, (grid, mean, low, high) in members:
+            (line,) = ax.plot(grid, mean, label=f"{conf.label} ({len(conf.runs)} seeds)")
+            ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        ax.set_xlabel(X_AXES[x])
+        ax.set_ylabel(metric)
+        ax.set_title(task if n > 1 else (title or task))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    if not panels:
+        axes[0].set_title(title or ", ".join(sorted({c.task for c in configs})))
+    elif n > 1 and title:
+        fig.suptitle(title)
     fig.tight_layout()
     if out is not None:
         fig.savefig(out)
