@@ -475,11 +475,11 @@ class ParticleEnv(BatchedEnv):
         )
 
     def claim_traced_step(self) -> Callable[[dict[str, Tensor]], EnvStep] | None:
-        """:meth:`_traced_step` for the next step where actions are not checked. The time
-        limit is the only episode end and is known on the host, so the random numbers of the
-        episodes that start on that step are drawn now (:meth:`_draw_ahead`) and the step
-        itself draws none. A subclass that overrides ``_step`` (another way to end episodes,
-        say) is never traced."""
+        """:meth:`_traced_step` for the next step where actions are not checked
+        (:meth:`_plain_step` where no env ends on it). The time limit is the only episode end
+        and is known on the host, so the random numbers of the episodes that start on that step
+        are drawn now (:meth:`_draw_ahead`) and the step itself draws none. A subclass that
+        overrides ``_step`` (another way to end episodes, say) is never traced."""
         return self._claim(1)
 
     def claim_traced_steps(self, count: int) -> Callable[[dict[str, Tensor]], EnvStep] | None:
