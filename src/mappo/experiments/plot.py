@@ -80,7 +80,7 @@ def plot_curves(
     size = (7.0, 4.5) if n == 1 else (5.2 * cols, 4.0 * rows)
     fig, grid_axes = plt.subplots(rows, cols, figsize=size, dpi=120, squeeze=False)
     axes = list(grid_axes.flat)
-    for ax in axes[len(panels) :] if panels else axes[1:]:
+    for ax in axes[max(1, len(panels)) :]:  # unused cells (an empty figure keeps one)
         ax.remove()
     for ax, (task, members) in zip(axes, panels.items(), strict=False):
         for conf, (grid, mean, low, high) in members:
