@@ -7,7 +7,7 @@ wheel)::
 
     python -m venv jaxenv && jaxenv/bin/pip install jaxmarl distrax hydra-core wandb matplotlib
     git clone https://github.com/FLAIROx/JaxMARL
-    jaxenv/bin/python benchmarks/jaxmarl_ippo_ff.py JaxMARL/baselines/IPPO/ippo_ff_mpe.py \\
+    jaxenv/bin/python benchmarks/jaxmarl_baseline.py JaxMARL/baselines/IPPO/ippo_ff_mpe.py \\
         [--updates 400] [--repeats 2] [--json]
 
 The script's ``make_train`` at its own config's settings (16 envs x 128 steps, 4 epochs x 4
