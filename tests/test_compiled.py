@@ -554,17 +554,25 @@ def test_block_records_are_written_as_single_assignments_would_be():
 
 
 @pytest.mark.parametrize(
-    "name", ["mpe/simple_spread", "mpe/simple_reference", "mpe/simple_speaker_listener"]
+    "name,time_feature",
+    [
+        ("mpe/simple_spread", False),
+        ("mpe/simple_reference", False),
+        ("mpe/simple_speaker_listener", False),
+        ("mpe/simple_spread", True),
+    ],
 )
-def test_claimed_steps_cross_episode_ends_as_eager_steps_do(name):
+def test_claimed_steps_cross_episode_ends_as_eager_steps_do(name, time_feature):
     """``claim_traced_steps(k)`` hands out the next ``k`` steps, time-limit ends included: the
     episodes that start within them are drawn when they are claimed, in the order an eager step
     would draw them, so claimed steps (run eagerly here, as the compiled graph would trace them)
     give exactly what ``step`` gives: observations, rewards, ends, final observations and
-    state, with the envs in phase and after they are set to end on different steps."""
+    state, with the envs in phase and after they are set to end on different steps (and with
+    the time feature, whose clock the claimed steps must carry across the ends too)."""
     from mappo.envs.registry import make
 
-    envs = [make(name, num_envs=3, episode_length=5, seed=4) for _ in range(2)]
+    kw = {"time_feature": True} if time_feature else {}
+    envs = [make(name, num_envs=3, episode_length=5, seed=4, **kw) for _ in range(2)]
     claimed, eager = envs
     for e in envs:
         e.reset(seed=0)

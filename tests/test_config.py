@@ -26,6 +26,27 @@ def test_paper_settings_of_spread_preset() -> None:
     assert C.load("mpe/simple_spread_ippo").algo_name == "rippo"
 
 
+def test_feed_forward_fast_preset_gives_both_networks_the_clock() -> None:
+    """``mpe/simple_spread_ff_fast`` is the fast preset without the GRU and with the particle
+    world's time feature: the actor sees 18 + 1 inputs and the critic the state's 54 + 1."""
+    from mappo.trainer import Trainer
+
+    cfg = C.load("mpe/simple_spread_ff_fast", ["env.num_envs=4", "compile=off"])
+    assert cfg.model.recurrent == "none" and cfg.env.kwargs == {"time_feature": True}
+    assert (cfg.algo.epochs, cfg.algo.num_minibatches) == (5, 2)
+    trainer = Trainer(cfg)
+    try:
+        policy = trainer.learner.policy
+        first = next(p for p in policy.actors["agents"].parameters() if p.dim() == 3)
+        assert trainer.env.spec.groups["agents"].obs_shape == (19,)
+        assert first.shape[1] == 19  # [copies, in, out]
+        assert policy.critics["agents"].in_features == 55
+        trainer.iterate()
+        assert trainer.env_steps == 4 * cfg.rollout_length
+    finally:
+        trainer.close()
+
+
 def test_overrides_dotted_and_bare() -> None:
     cfg = C.load("mpe/simple_spread", ["algo.epochs=3", "actor_lr=1e-3", "hidden_sizes=[32,32]"])
     assert cfg.algo.epochs == 3

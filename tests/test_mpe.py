@@ -167,6 +167,47 @@ def test_auto_reset_at_the_time_limit(name: str) -> None:
         assert v.shape == (4,) and v.dtype == torch.float32
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_time_feature_is_the_fraction_of_the_episode_elapsed(name: str) -> None:
+    """With ``time_feature`` every observation and the state end with ``step / episode_length``
+    (0 at an episode's start, 1 on the final observation at the limit, 0 again after the
+    reset); everything before it is what the env without the feature returns."""
+    plain = make(name, num_envs=3, episode_length=5)
+    timed = make(name, num_envs=3, episode_length=5, time_feature=True)
+    for g, spec in timed.spec.groups.items():
+        assert spec.obs_shape == (plain.spec.groups[g].obs_shape[0] + 1,)
+    assert timed.spec.state_shape == (plain.spec.state_shape[0] + 1,)
+    plain.reset(seed=2)
+    timed.reset(seed=2)
+    # Envs 0-2 stand at steps 0, 2 and 4 of their episodes: each reaches the limit on its own step.
+    plain.set_state({"step": torch.tensor([0, 2, 4])})
+    first = timed.set_state({"step": torch.tensor([0, 2, 4])})
+    for o in first.obs.values():
+        assert torch.equal(o[..., -1], torch.tensor([0.0, 0.4, 0.8])[:, None].expand_as(o[..., -1]))
+    timed_outs = _rollout(timed, _actions(timed, 3, 7))
+    outs = list(zip(timed_outs, _rollout(plain, _actions(plain, 3, 7)), strict=True))
+    steps = torch.tensor([0, 2, 4])
+    for out, ref in outs:
+        steps = steps + 1
+        final = steps / 5.0
+        steps = torch.where(steps >= 5, torch.zeros_like(steps), steps)
+        assert torch.equal(out.truncated, ref.truncated)
+        for g in out.obs:
+            assert torch.equal(out.obs[g][..., :-1], ref.obs[g])
+            assert torch.equal(out.final_obs[g][..., :-1], ref.final_obs[g])
+            assert torch.allclose(
+                out.obs[g][..., -1], (steps / 5.0)[:, None].expand(-1, out.obs[g].shape[1])
+            )
+            assert torch.allclose(
+                out.final_obs[g][..., -1], final[:, None].expand(-1, out.obs[g].shape[1])
+            )
+        assert torch.equal(out.state[:, :-1], ref.state)
+        assert torch.allclose(out.state[:, -1], steps / 5.0)
+        assert torch.allclose(out.final_state[:, -1], final)
+    with pytest.raises(EnvError, match="time_feature must be true or false"):
+        make(name, num_envs=1, time_feature="yes")
+
+
 def test_spread_stats_match_the_observations() -> None:
     env = make("mpe/simple_spread", num_envs=6)
     env.reset(seed=2)

@@ -33,6 +33,15 @@ makes them strided loops over 2- or 3-element rows, 10-50x slower). Observations
 feature-major in a scratch buffer and transposed once into the public ``[E, n, obs_dim]`` layout.
 :meth:`ParticleEnv.get_state` and :meth:`ParticleEnv.set_state` speak the public layout.
 
+**Time feature** (``time_feature=True``): every agent's observation, and the global state, end
+with one more float, the fraction of the episode elapsed (``step / episode_length``: 0 on an
+episode's first observation, 1 on the final observation at the time limit). The paper's
+observations have no clock, and its code treats the time limit as terminal, so a feed-forward
+critic must predict a return that depends on the steps left without seeing them (the return
+still to come in Spread is mostly the per-step cost of the steps left). Appending the time is
+the remedy of Pardo et al. (2018), "Time Limits in Reinforcement Learning"; a recurrent network
+can count the steps itself. Off by default: the paper's presets keep the paper's observations.
+
 **Episode ends without host syncs.** The only episode end is the time limit, and every env
 advances one step per call, so the step at which each env ends is known on the host from the
 step counters seen at the last ``reset`` or ``set_state``: the host keeps the set of "phases"
@@ -46,6 +55,7 @@ so treat both as read-only.
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -166,6 +176,8 @@ class ParticleEnv(BatchedEnv):
     """Actions are mpe2's continuous boxes (see the module docstring) instead of discrete heads."""
     physics: str = "paper"
     """The integration order, one of :data:`PHYSICS` (see the module docstring)."""
+    time_feature: bool = False
+    """Observations and the state end with ``step / episode_length`` (see the module docstring)."""
 
     def __init__(
         self,
@@ -175,9 +187,11 @@ class ParticleEnv(BatchedEnv):
         *,
         continuous_actions: bool = False,
         physics: str = "paper",
+        time_feature: bool = False,
     ) -> None:
         self.continuous_actions = check_bool(self.name, "continuous_actions", continuous_actions)
         self.physics = check_choice(self.name, "physics", physics, PHYSICS)
+        self.time_feature = check_bool(self.name, "time_feature", time_feature)
         super().__init__(num_envs, device, seed)
 
     # -- construction -------------------------------------------------------------------------
@@ -211,6 +225,15 @@ class ParticleEnv(BatchedEnv):
         so that ``reset()`` without a seed replays the same first episode)."""
         self.world = world
         self.episode_length = episode_length
+        if self.time_feature:
+            self.spec = dataclasses.replace(
+                self.spec,
+                groups={
+                    name: dataclasses.replace(g, obs_shape=(g.obs_shape[0] + 1,))
+                    for name, g in self.spec.groups.items()
+                },
+                state_shape=(self.spec.state_shape[0] + 1,),
+            )
         dev = self.device
         n, c = world.num_agents, world.dim_c
         self._mov_idx = torch.tensor(
@@ -308,6 +331,19 @@ class ParticleEnv(BatchedEnv):
     def _observe(self) -> tuple[dict[str, Tensor], Tensor]:
         """Per-group observations ``[E, n, obs_dim]`` and the global state ``[E, state_dim]``."""
 
+    def _views(self) -> tuple[dict[str, Tensor], Tensor]:
+        """:meth:`_observe`, with the fraction of the episode elapsed appended to every
+        observation and to the state when :attr:`time_feature` is on."""
+        obs, state = self._observe()
+        if not self.time_feature:
+            return obs, state
+        t = self._state["step"].to(state.dtype) / self.episode_length  # [E]
+        obs = {
+            g: torch.cat([o, t[:, None, None].expand(-1, o.shape[1], 1)], -1)
+            for g, o in obs.items()
+        }
+        return obs, torch.cat([state, t[:, None]], -1)
+
     @abc.abstractmethod
     def _reward_and_stats(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """Per-group rewards ``[E, n]`` of the state just reached and the episode statistics
@@ -393,7 +429,7 @@ class ParticleEnv(BatchedEnv):
         e = self.num_envs
         truncated = self._state["step"] >= self.episode_length
         self._reset_envs(truncated)
-        new_obs, new_state = self._observe()
+        new_obs, new_state = self._views()
         return EnvStep(
             obs=new_obs,
             state=new_state,
@@ -413,7 +449,7 @@ class ParticleEnv(BatchedEnv):
         statistics of the state reached (rewards read what ``_observe`` just wrote)."""
         moves, messages = self._split_actions(actions)
         self._advance(moves, messages)
-        obs, state = self._observe()
+        obs, state = self._views()
         reward, stats = self._reward_and_stats()
         return obs, state, reward, stats
 
@@ -428,7 +464,7 @@ class ParticleEnv(BatchedEnv):
         obs, state, reward, stats = self._world_step(actions)
         truncated = self._state["step"] >= self.episode_length
         self._state = {k: torch.where(truncated, fresh[k], v) for k, v in self._state.items()}
-        new_obs, new_state = self._observe()
+        new_obs, new_state = self._views()
         return EnvStep(
             obs=new_obs,
             state=new_state,
@@ -698,7 +734,7 @@ class ParticleEnv(BatchedEnv):
 
     def _first_step(self) -> EnvStep:
         """The :class:`EnvStep` of a (re)set state: observations, zero rewards, no ends."""
-        obs, state = self._observe()
+        obs, state = self._views()
         e, dev = self.num_envs, self.device
         return EnvStep(
             obs=obs,

@@ -66,9 +66,11 @@ class SimpleReference(ParticleEnv):
         local_ratio: float | None = None,
         continuous_actions: bool = False,
         physics: str = "paper",
+        time_feature: bool = False,
     ) -> None:
         """``reward``, ``local_ratio`` (default 0.5, only with ``reward="pettingzoo"``),
-        ``continuous_actions`` and ``physics`` as in the module docstring."""
+        ``continuous_actions`` and ``physics`` as in the module docstring; ``time_feature`` as in
+        :mod:`mappo.envs.mpe.core`."""
         limit = check_int(self.name, "episode_length", episode_length, low=1)
         self.reward_convention = check_choice(self.name, "reward", reward, REWARD_CONVENTIONS)
         if local_ratio is not None and reward != "pettingzoo":
@@ -82,7 +84,12 @@ class SimpleReference(ParticleEnv):
             else check_unit_interval(self.name, "local_ratio", local_ratio)
         )
         super().__init__(
-            num_envs, device, seed, continuous_actions=continuous_actions, physics=physics
+            num_envs,
+            device,
+            seed,
+            continuous_actions=continuous_actions,
+            physics=physics,
+            time_feature=time_feature,
         )
         n, m, dim_c = 2, len(LANDMARK_COLORS), 10
         self.obs_dim = 2 + 2 * m + 3 + dim_c

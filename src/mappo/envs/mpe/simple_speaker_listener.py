@@ -60,12 +60,19 @@ class SimpleSpeakerListener(ParticleEnv):
         reward: str = "paper",
         continuous_actions: bool = False,
         physics: str = "paper",
+        time_feature: bool = False,
     ) -> None:
-        """``reward``, ``continuous_actions`` and ``physics`` as in the module docstring."""
+        """``reward``, ``continuous_actions`` and ``physics`` as in the module docstring;
+        ``time_feature`` as in :mod:`mappo.envs.mpe.core`."""
         limit = check_int(self.name, "episode_length", episode_length, low=1)
         self.reward_convention = check_choice(self.name, "reward", reward, REWARD_CONVENTIONS)
         super().__init__(
-            num_envs, device, seed, continuous_actions=continuous_actions, physics=physics
+            num_envs,
+            device,
+            seed,
+            continuous_actions=continuous_actions,
+            physics=physics,
+            time_feature=time_feature,
         )
         m, dim_c = len(LANDMARK_COLORS), 3
         speaker = self._action_spec(moves=False, dim_c=dim_c)

@@ -70,10 +70,11 @@ class SimpleSpread(ParticleEnv):
         episode_length: int = 25,
         continuous_actions: bool = False,
         physics: str = "paper",
+        time_feature: bool = False,
     ) -> None:
         """``num_landmarks`` defaults to ``num_agents``; ``local_ratio`` (default 0.5) applies
         only to ``reward="pettingzoo"``; ``continuous_actions`` and ``physics`` as in the module
-        docstring."""
+        docstring; ``time_feature`` as in :mod:`mappo.envs.mpe.core`."""
         n = check_int(self.name, "num_agents", num_agents, low=1)
         m = n if num_landmarks is None else check_int(self.name, "num_landmarks", num_landmarks)
         check_choice(self.name, "reward", reward, REWARD_CONVENTIONS)
@@ -90,7 +91,12 @@ class SimpleSpread(ParticleEnv):
         )
         limit = check_int(self.name, "episode_length", episode_length, low=1)
         super().__init__(
-            num_envs, device, seed, continuous_actions=continuous_actions, physics=physics
+            num_envs,
+            device,
+            seed,
+            continuous_actions=continuous_actions,
+            physics=physics,
+            time_feature=time_feature,
         )
         dim_c = 2
         self.obs_dim = 4 + 2 * m + (2 + dim_c) * (n - 1)
