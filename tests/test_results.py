@@ -80,6 +80,26 @@ def test_report_rows_equal_hand_computations(tmp_path):
     assert rows[0].seeds == 1 and rows[0].final_iqm == rows[0].final_iqm_low == -130.0
 
 
+def test_configurations_differing_in_an_env_keyword_are_labelled_by_it(tmp_path):
+    """An env keyword argument that tells configurations apart names them as the sweep's grid
+    does (``env.kwargs.NAME=value``), whether or not the other side sets it at all."""
+    _fake_run(tmp_path, 1, [(1000, -170.0)], preset="mpe/simple_spread_mappo")
+    for flag in (False, True):
+        _fake_run(
+            tmp_path / str(flag),
+            1,
+            [(1000, -150.0)],
+            preset="mpe/simple_spread_mappo",
+            **{"env.kwargs.time_feature": flag},
+        )
+    labels = [c.label for c in group_runs(find_runs([tmp_path]))]
+    assert labels == [
+        "mpe/simple_spread_mappo mappo env.kwargs.time_feature=-",
+        "mpe/simple_spread_mappo mappo env.kwargs.time_feature=False",
+        "mpe/simple_spread_mappo mappo env.kwargs.time_feature=True",
+    ]
+
+
 def test_plot_has_one_line_and_one_band_per_configuration(tmp_path):
     for seed in (1, 2, 3):
         _fake_run(tmp_path, seed, [(1000, -200.0 + seed), (2000, -150.0), (3000, -140.0 + seed)])

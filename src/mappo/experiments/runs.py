@@ -193,6 +193,21 @@ def _value_text(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
 
 
+def _items(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """A flattened config's ``(key, value text)`` pairs without bookkeeping keys, with a dict
+    value (an env's ``env.kwargs``) spread into one pair per entry, so that configurations that
+    differ in one keyword argument are labelled by it (``env.kwargs.time_feature=True``)."""
+    items = []
+    for k, v in config.items():
+        if k in BOOKKEEPING_KEYS:
+            continue
+        if isinstance(v, dict):
+            items.extend((f"{k}.{name}", _value_text(sub)) for name, sub in v.items())
+        else:
+            items.append((k, _value_text(v)))
+    return sorted(items)
+
+
 def group_runs(runs: list[RunRecord]) -> list[Configuration]:
     """Group runs into configurations (equal config apart from seed and bookkeeping keys).
 
@@ -201,10 +216,7 @@ def group_runs(runs: list[RunRecord]) -> list[Configuration]:
     """
     groups: dict[tuple, Configuration] = {}
     for run in runs:
-        key = tuple(
-            sorted((k, _value_text(v)) for k, v in run.config.items() if k not in BOOKKEEPING_KEYS)
-        )
-        key = (run.source, run.algo, *key)
+        key = (run.source, run.algo, *_items(run.config))
         groups.setdefault(key, Configuration(label="", key=key)).runs.append(run)
     configs = list(groups.values())
     for conf in configs:
