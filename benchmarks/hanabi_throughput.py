@@ -14,8 +14,12 @@ player's observation and legal moves each step (what a trainer needs), with auto
   ``vmap`` over games and ``lax.scan`` over 100 steps in one jitted call (its own idiom), the
   random legal move drawn inside; the first call (compilation) is not timed.
 
-``--jaxmarl-only`` skips ours (for an interpreter without torch). One JSON line per row with
-``--json``. Env steps per second count one step of one game as one env step.
+``--jaxmarl-only`` skips ours (for an interpreter without torch). ``--floor`` adds a row of what
+a step's outputs alone cost: every player's float32 observation and the float32 global state
+converted from bool views kept in a buffer, and their pre-reset copies (``final_obs``,
+``final_state``), fresh tensors every step as the env returns them, nothing else; an upper
+bound, on that machine and thread count, for any step that returns them. One JSON line per row
+with ``--json``. Env steps per second count one step of one game as one env step.
 """
 
 from __future__ import annotations
@@ -59,6 +63,47 @@ def bench_ours(players: int, num_envs: int, seconds: float, device: str) -> floa
             step = env.step({"players": acts})
             count += num_envs
         sync()
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return count / elapsed
+
+
+def bench_output_floor(players: int, num_envs: int, seconds: float, device: str) -> float:
+    """Env steps per second of a "step" that only produces the float32 outputs of
+    ``hanabi/full-<P>p`` (see the module's docstring), one torch thread."""
+    import torch
+
+    from mappo.envs import make
+
+    torch.set_num_threads(1)
+    spec = make(f"hanabi/full-{players}p", num_envs=1).spec
+    n_obs, n_state = spec.groups["players"].obs_shape[0], spec.state_shape[0]
+    views = torch.zeros(num_envs, players, n_obs, dtype=torch.uint8, device=device)
+    views[:, :, ::3] = 1
+    rows = torch.arange(num_envs, device=device)
+    seat = rows % players
+    kept = []
+
+    def step() -> None:
+        obs = views.float()
+        state = torch.empty(num_envs, n_state, device=device)
+        state[:, :n_obs] = views[rows, seat]
+        state[:, n_obs:] = 0.0
+        kept.append((obs, state, obs.clone(), state.clone()))
+        if len(kept) > 2:  # a trainer holds the last step while it takes the next
+            kept.pop(0)
+
+    for _ in range(3):
+        step()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    count, start = 0, time.perf_counter()
+    while True:
+        for _ in range(16):
+            step()
+            count += num_envs
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
             return count / elapsed
@@ -113,6 +158,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--jaxmarl", action="store_true", help="also time JaxMARL's Hanabi")
     parser.add_argument("--jaxmarl-only", action="store_true", help="time JaxMARL's alone")
+    parser.add_argument("--floor", action="store_true", help="add the outputs-only row")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     rows = []
@@ -120,6 +166,9 @@ def main() -> None:
         if not args.jaxmarl_only:
             sps = bench_ours(args.players, n, args.seconds, args.device)
             rows.append({"env": f"hanabi/full-{args.players}p", "num_envs": n, "sps": sps})
+        if args.floor:
+            sps = bench_output_floor(args.players, n, args.seconds, args.device)
+            rows.append({"env": "outputs only (floor)", "num_envs": n, "sps": sps})
         if args.jaxmarl or args.jaxmarl_only:
             sps = bench_jaxmarl(args.players, n, args.seconds)
             rows.append({"env": f"jaxmarl hanabi {args.players}p", "num_envs": n, "sps": sps})

@@ -280,14 +280,25 @@ def test_episodes_end_reset_and_report_their_score(sync_free):
     (no host sync: every game draws a deck, the unfinished keep theirs), run here on the CPU."""
     env = make("hanabi/full-2p", num_envs=16, seed=2)
     env._sync_free = sync_free
+    twin = make("hanabi/full-2p", num_envs=16, seed=2)  # the same moves without the reset
+    twin.reset()
     step = env.reset()
     gen = torch.Generator().manual_seed(1)
     ended = 0
     for _ in range(200):
         before = env.games.score().clone()
         decks = env.games.state["deck"].clone()
-        step = env.step(_random_actions(step, gen))
+        twin.set_state(env.get_state())
+        actions = _random_actions(step, gen)
+        step = env.step(actions)
         done = step.terminated
+        # final_* hold every game's views before the reset (the running games' equal obs)
+        player = twin.games.state["player"][:, None]
+        twin.games.step(actions["players"].reshape(16, 2).gather(1, player).squeeze(1))
+        final_obs, final_state, final_mask, _ = twin._views()
+        assert torch.equal(step.final_obs["players"], final_obs)
+        assert torch.equal(step.final_state, final_state)
+        assert torch.equal(step.final_action_mask["players"], final_mask)
         # games still running keep their deck; finished ones were dealt a new one
         assert torch.equal(env.games.state["deck"][~done], decks[~done])
         assert not step.truncated.any()

@@ -182,9 +182,11 @@ class EnvStep:
     """Per group with masks ``[E, n, sum(nvec)]`` bool, True = allowed; absent = all allowed."""
     agent_state: dict[str, Tensor] = field(default_factory=dict)
     """Per group with an agent-specific state ``[E, n, *agent_state_shape]``."""
-    final_obs: dict[str, Tensor] | None = None
+    final_obs: Mapping[str, Tensor] | None = None
     """Per group ``[E, n, ...]``: the observation each env's last step ended on (pre-reset).
-    Equal to ``obs`` where the env did not finish; ``None`` after ``reset``."""
+    Equal to ``obs`` where the env did not finish; ``None`` after ``reset``. May be a
+    :class:`LazyGroups` (Hanabi's: put together when read, since training without truncated
+    episodes never reads it)."""
     final_state: Tensor | None = None
     """``[E, *state_shape]`` pre-reset state, as ``final_obs``."""
     final_action_mask: dict[str, Tensor] = field(default_factory=dict)

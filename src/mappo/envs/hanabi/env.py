@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Mapping
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from mappo.data import LazyGroups
 from mappo.envs.base import ActionSpec, BatchedEnv, EnvError, EnvSpec, EnvStep, GroupSpec
 from mappo.envs.hanabi.game import (
     DISCARD,
@@ -104,6 +106,8 @@ class HanabiEnv(BatchedEnv):
         self._moves = torch.zeros(num_envs, len(MOVE_KINDS), dtype=torch.int64, device=self.device)
         """Moves of each kind of :data:`MOVE_KINDS` made in each running game ``[E, 3]``."""
         self._seats = torch.arange(r.players, device=self.device)
+        self._view_buffer: Tensor | None = None
+        """Every player's observation ``[E, P, obs]`` bool, rewritten by each step's views."""
         self._sync_free = self.device.type == "cuda"
         """Step without reading anything back to the host (the GPU path)."""
 
@@ -163,31 +167,36 @@ class HanabiEnv(BatchedEnv):
             "length": self._length.float(),
             **{k: self._moves[:, i].float() for i, k in enumerate(MOVE_KINDS)},
         }
-        obs, state, mask, alive = self._views()
-        final = (obs, state, mask)
-        # Finished games start again at once (auto-reset); their final views stay in final_*.
+        # Finished games start again at once (auto-reset); their final views go to final_*.
+        final_obs: Mapping[str, Tensor]
         if self._sync_free:
             # On a GPU: no host sync (no test of done, no index list); every game draws a deck
             # and the unfinished ones keep theirs.
+            final_views, final_state, final_mask, _ = self._views()
+            final_obs = {"players": final_views}
             fresh = g.shuffled_decks(self.generator)
             g.reset(torch.where(done[:, None], fresh, g.state["deck"]), done)
             self._length = torch.where(done, 0, self._length)
             self._moves = torch.where(done[:, None], 0, self._moves)
             obs, state, mask, alive = self._views()
         elif bool(done.any()):
-            # On the CPU only the finished games draw a deck (shuffling all of them is the
-            # costliest part of a step at thousands of games), and only their views are
-            # computed again.
+            # On the CPU only the finished games are observed before their reset, draw a deck
+            # (shuffling all of them is the costliest part of a step at thousands of games) and
+            # are dealt again, and every game is observed once after it. The final observations
+            # are put together when read (a trainer that bootstraps only truncated episodes,
+            # which Hanabi does not have, never does).
             ids = done.nonzero().squeeze(1)
-            decks = g.state["deck"].clone()
-            decks[ids] = g.shuffled_decks(self.generator, ids.numel())
-            g.reset(decks, done)
-            self._length = torch.where(done, 0, self._length)
-            self._moves = torch.where(done[:, None], 0, self._moves)
-            new = self._views(g.select(ids))
-            obs, state, mask, alive = (x.clone() for x in (obs, state, mask, alive))
-            for whole, part in zip((obs, state, mask, alive), new, strict=True):
-                whole[ids] = part
+            ended_obs, ended_state, ended_mask, _ = self._views(g.select(ids))
+            g.reset_games(ids, g.shuffled_decks(self.generator, ids.numel()))
+            self._length[ids] = 0
+            self._moves[ids] = 0
+            obs, state, mask, alive = self._views()
+            final_obs = LazyGroups({"players": lambda: _with_rows(obs, ids, ended_obs)})
+            final_state = _with_rows(state, ids, ended_state)
+            final_mask = _with_rows(mask, ids, ended_mask)
+        else:
+            obs, state, mask, alive = self._views()
+            final_obs, final_state, final_mask = {"players": obs}, state, mask
         shared = reward[:, None].expand(self.num_envs, self.rules.players).contiguous()
         return EnvStep(
             obs={"players": obs},
@@ -197,9 +206,9 @@ class HanabiEnv(BatchedEnv):
             truncated=torch.zeros_like(done),
             alive={"players": alive},
             action_mask={"players": mask},
-            final_obs={"players": final[0]},
-            final_state=final[1],
-            final_action_mask={"players": final[2]},
+            final_obs=final_obs,
+            final_state=final_state,
+            final_action_mask={"players": final_mask},
             stats=stats,
         )
 
@@ -248,21 +257,31 @@ class HanabiEnv(BatchedEnv):
         """Every player's observation ``[E, P, obs]``, the state ``[E, state]``, the action masks
         ``[E, P, M]`` and who acts ``[E, P]``, of every game (or of ``games``, a selection)."""
         g = self.games if games is None else games
-        e = g.batch
+        e, p = g.batch, self.rules.players
         me = g.state["player"]
         paper = self.observation == "paper"
-        views = g.observe_all(paper_belief=paper)  # [E, P, obs] bool, by seat
-        rows = torch.arange(e, device=self.device)
+        n_obs = self.spec.groups["players"].obs_shape[0]
+        # The bool views are written into a buffer kept from step to step; what is returned
+        # are fresh float32 tensors converted from it.
+        if self._view_buffer is None or self._view_buffer.shape[0] != e:
+            buffer = torch.empty(e, p, n_obs, dtype=torch.bool, device=self.device)
+            if games is None:
+                self._view_buffer = buffer
+        else:
+            buffer = self._view_buffer
+        g.observe_all(paper_belief=paper, out=buffer)
         if paper:  # the paper code appends who acts (a one-hot by absolute seat) to every input
-            turn = self._seats[None, :] == me[:, None]  # [E, P]
-            views = torch.cat([views, turn[:, None, :].expand(e, self.rules.players, -1)], 2)
+            torch.eq(me[:, None, None].expand(e, p, 1), self._seats, out=buffer[:, :, -p:])
+        rows = torch.arange(e, device=self.device)
         hand = g.state["hands"][rows, me]  # [E, H]; empty slots (-1) one-hot to nothing
-        hand_bits = hand[:, :, None] == torch.arange(self._cards, device=self.device)
-        parts = [views[rows, me], hand_bits.reshape(e, -1)]
-        if paper:  # the paper code's order: the own hand first
-            parts.reverse()
-        state = as_float(torch.cat(parts, dim=1))
-        obs = as_float(views)
+        hand_bits = g.hand_bits(hand).view(e, -1)
+        # the paper code's order: the own hand first
+        cols = (hand_bits.shape[1], n_obs) if paper else (n_obs, hand_bits.shape[1])
+        state = torch.empty(e, sum(cols), device=self.device)
+        view_cols, hand_cols = state.split(cols, dim=1)[:: -1 if paper else 1]
+        view_cols.copy_(buffer.view(torch.uint8)[rows, me])
+        hand_cols.copy_(hand_bits.view(torch.uint8))
+        obs = as_float(buffer)
         # Nobody acts in a finished game (its final views): every seat gets the idle mask.
         alive = (self._seats[None, :] == me[:, None]) & ~g.state["over"][:, None]
         legal = g.legal_moves()
@@ -365,3 +384,10 @@ _INK = {
     "W": (120, 120, 120),
     "B": (30, 70, 200),
 }
+
+
+def _with_rows(whole: Tensor, ids: Tensor, rows: Tensor) -> Tensor:
+    """A copy of ``whole [E, ...]`` with rows ``ids [K]`` replaced by ``rows [K, ...]``."""
+    out = whole.clone()
+    out[ids] = rows
+    return out

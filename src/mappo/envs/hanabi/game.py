@@ -133,7 +133,10 @@ class HanabiGames:
         # index tables of the observation encoding
         p = r.players
         self._seat_ids = torch.arange(p, device=dev)
-        self._seat_of = (self._seat_ids[:, None] + self._seat_ids[None, :]) % p
+        # the seat ``k`` places after observer ``o`` (a host table: reading a device tensor's
+        # values would stall a GPU step)
+        self._seat_of = [[(o + k) % p for k in range(p)] for o in range(p)]
+        self._seat_table = torch.tensor(self._seat_of, device=dev)  # the same on the device
         self._card_ids = torch.arange(r.colors * r.ranks, device=dev)
         self._color_ids = torch.arange(r.colors, device=dev)
         self._rank_ids = torch.arange(r.ranks, device=dev)
@@ -146,6 +149,40 @@ class HanabiGames:
         self._discard_copy = torch.cat(
             [torch.arange(int(n), device=dev) for n in counts.repeat(r.colors)]
         )
+        # Lookup tables of the observation's one-hot blocks (a table row per value is several
+        # times faster than comparing against every value on a CPU). A card's one-hot, the last
+        # row (index -1, an empty slot) all zero:
+        self._card_table = torch.cat(
+            [torch.eye(r.colors * r.ranks, dtype=torch.bool, device=dev)]
+            + [torch.zeros(1, r.colors * r.ranks, dtype=torch.bool, device=dev)]
+        )
+        # A slot's knowledge block (plausible cards, revealed color, revealed rank) by its code:
+        # the plausible colors and ranks as bit masks, then the revealed color and rank (+1, 0 for
+        # none); row ``((color_mask * 2^R + rank_mask) * (C + 1) + color + 1) * (R + 1) + rank + 1``
+        cm = torch.arange(2**r.colors, device=dev)[:, None] >> self._color_ids & 1  # [2^C, C]
+        rm = torch.arange(2**r.ranks, device=dev)[:, None] >> self._rank_ids & 1  # [2^R, R]
+        plausible = (cm[:, None, :, None] & rm[None, :, None, :]).flatten(2)  # [2^C, 2^R, C*R]
+        hinted_color = torch.eye(r.colors + 1, dtype=torch.long, device=dev)[:, 1:]  # [C+1, C]
+        hinted_rank = torch.eye(r.ranks + 1, dtype=torch.long, device=dev)[:, 1:]  # [R+1, R]
+        n_c, n_r = r.colors + 1, r.ranks + 1
+        self._knowledge_table = (
+            torch.cat(
+                [
+                    plausible[:, :, None, None, :].expand(-1, -1, n_c, n_r, -1),
+                    hinted_color[None, None, :, None, :].expand(
+                        2**r.colors, 2**r.ranks, -1, n_r, -1
+                    ),
+                    hinted_rank[None, None, None, :, :].expand(
+                        2**r.colors, 2**r.ranks, n_c, -1, -1
+                    ),
+                ],
+                dim=-1,
+            )
+            .reshape(-1, r.colors * r.ranks + r.colors + r.ranks)
+            .bool()
+        )
+        self._color_weights = (2**self._color_ids).float() * (2**r.ranks * n_c * n_r)
+        self._rank_weights = (2**self._rank_ids).float() * (n_c * n_r)
         self.state: dict[str, Tensor] = {}
 
     def select(self, ids: Tensor) -> HanabiGames:
@@ -208,6 +245,17 @@ class HanabiGames:
                 k: torch.where(mask.view(-1, *([1] * (v.dim() - 1))), fresh[k], v)
                 for k, v in self.state.items()
             }
+
+    def reset_games(self, ids: Tensor, decks: Tensor) -> None:
+        """Start new games in rows ``ids [K]`` (distinct), dealt from ``decks [K, D]``; the
+        other games are untouched. Writes only those rows (cheaper than :meth:`reset` with a
+        mask when few of many games end)."""
+        fresh = copy.copy(self)
+        fresh.batch = int(ids.numel())
+        fresh.state = {}
+        fresh.reset(decks)
+        for k, v in self.state.items():
+            v[ids] = fresh.state[k]
 
     # -- the score -----------------------------------------------------------------------------
     def score(self) -> Tensor:
@@ -398,7 +446,12 @@ class HanabiGames:
         ``observer [B]`` sees (OpenSpiel's ``observation_tensor``); see :meth:`observe_all`."""
         return as_float(self.observe_all()[self._rows, observer])
 
-    def observe_all(self, paper_belief: bool = False) -> Tensor:
+    def hand_bits(self, cards: Tensor) -> Tensor:
+        """``cards [...]`` (card ids, -1 for an empty slot) one-hot: ``[..., C*R]`` bool."""
+        table = self._card_table
+        return table.index_select(0, cards.flatten() % table.shape[0]).view(*cards.shape, -1)
+
+    def observe_all(self, paper_belief: bool = False, out: Tensor | None = None) -> Tensor:
         """``[B, P, observation_size]`` bool: every player's canonical observation, by seat.
 
         Sections, each from the observer's seat on (offset ``k`` = the player ``k`` seats
@@ -409,77 +462,103 @@ class HanabiGames:
         knowledge (plausible cards, revealed color, revealed rank).
 
         ``paper_belief``: the knowledge section's plausible cards as the MAPPO paper's code
-        encodes them (:meth:`paper_belief`) instead.
+        encodes them (:meth:`paper_belief`) instead. ``out``: a ``[B, P, n >= observation_size]``
+        bool tensor to write into (its first ``observation_size`` columns; the rest untouched),
+        e.g. one kept from step to step.
+
+        Every section is written in place into the output (no concatenation), the game-wide
+        ones once and copied to the other seats, and the one-hot blocks are rows of lookup
+        tables: at 4,096 games on a CPU this takes half the time of comparisons and a
+        concatenation (BENCHMARKS.md).
         """
         r, s = self.rules, self.state
         p, h, c, rk = r.players, r.hand, r.colors, r.ranks
         cards = c * rk
         b = self.batch
-        seat = self._seat_of  # [P observer, P offset] -> seat
-        parts: list[Tensor] = []
+        if out is None:
+            out = torch.empty(b, p, r.observation_size, dtype=torch.bool, device=self.device)
+        seat = self._seat_of
+        at = 0
 
-        hands = s["hands"][:, seat]  # [B, P, P, H]
-        others = hands[:, :, 1:, :, None] == self._card_ids  # empty slots (-1) match nothing
-        parts.append(others.reshape(b, p, -1))
-        counts = s["hand_count"][:, seat]  # [B, P, P]
-        parts.append(counts < h)
+        def take(n: int) -> Tensor:  # the next n columns of every observer: [B, P, n]
+            nonlocal at
+            at += n
+            return out[:, :, at - n : at]
 
-        def per_game(x: Tensor) -> Tensor:  # [B, n] -> [B, P, n]
-            return x[:, None, :].expand(b, p, x.shape[-1])
+        # the other players' hands, one-hot per slot (empty slots, -1, have an all-zero row)
+        hand_bits = self.hand_bits(s["hands"]).view(b, p, h * cards)
+        hand_cols = take((p - 1) * h * cards)
+        for o in range(p):
+            for k in range(1, p):
+                hand_cols[:, o, (k - 1) * h * cards : k * h * cards] = hand_bits[:, seat[o][k]]
+        short = s["hand_count"] < h  # [B, P] by seat
+        take(p).copy_(short[:, self._seat_table])
 
+        # the board, the discards and the last move's game-wide parts: written for observer 0
+        # and copied to the others
+        game_from = at
         left = r.deck_size - s["dealt"]
-        board = [
-            self._deck_bits < left[:, None],
-            (s["fireworks"][:, :, None] - 1 == self._rank_ids).reshape(b, cards),
-            self._info_bits < s["info"][:, None],
-            self._life_bits < s["life"][:, None],
-            s["discards"][:, self._discard_card] > self._discard_copy,
-        ]
-        parts.append(per_game(torch.cat(board, dim=1)))
+        torch.lt(self._deck_bits, left[:, None], out=take(self._deck_bits.numel())[:, 0])
+        fireworks = take(cards)[:, 0].unflatten(1, (c, rk))
+        torch.eq(s["fireworks"][:, :, None] - 1, self._rank_ids, out=fireworks)
+        torch.lt(self._info_bits, s["info"][:, None], out=take(r.max_information_tokens)[:, 0])
+        torch.lt(self._life_bits, s["life"][:, None], out=take(r.max_life_tokens)[:, 0])
+        discards = s["discards"].index_select(1, self._discard_card)
+        torch.gt(discards, self._discard_copy, out=take(r.deck_size)[:, 0])
 
         kind = s["last_kind"]
-        observers = self._seat_ids[None, :]  # [1, P]
-        has = (kind >= 0)[:, None, None]
-        hint = ((kind == REVEAL_COLOR) | (kind == REVEAL_RANK))[:, None, None]
-        leave = ((kind == PLAY) | (kind == DISCARD))[:, None, None]
-        actor = (s["last_player"][:, None] - observers) % p  # [B, P]
-        target = (s["last_target"][:, None] - observers) % p
-        game_wide = torch.cat(
-            [
-                (kind[:, None] == self._kind_ids) & has[:, 0],
-                (s["last_color"][:, None] == self._color_ids) & (kind == REVEAL_COLOR)[:, None],
-                (s["last_rank"][:, None] == self._rank_ids) & (kind == REVEAL_RANK)[:, None],
-                s["last_revealed"] & hint[:, 0],
-                (s["last_slot"][:, None] == self._slots) & leave[:, 0],
-                (s["last_card"][:, None] == self._card_ids) & leave[:, 0],
-                (s["last_scored"] & (kind == PLAY))[:, None],
-                # the HLE sets this bit for plays only (a discard's token is not encoded)
-                (s["last_token"] & (kind == PLAY))[:, None],
-            ],
-            dim=1,
+        has = kind >= 0
+        hint = (kind == REVEAL_COLOR) | (kind == REVEAL_RANK)
+        leave = (kind == PLAY) | (kind == DISCARD)
+        # The mover and the hint's target relative to each observer, then the game-wide
+        # fields; a field this kind of move does not encode becomes -1, whose one-hot is empty.
+        observers = self._seat_ids[:, None]  # [P, 1]
+        board_to = at
+        actor_cols = take(p)
+        torch.eq((s["last_player"][:, None, None] - observers) % p, self._seat_ids, out=actor_cols)
+        actor_cols &= has[:, None, None]
+        kind_from = at
+        torch.eq(kind[:, None], self._kind_ids, out=take(4)[:, 0])  # -1 (no move): all zero
+        kind_to = at
+        target_cols = take(p)
+        torch.eq((s["last_target"][:, None, None] - observers) % p, self._seat_ids, out=target_cols)
+        target_cols &= hint[:, None, None]
+        after_target = at
+        color = torch.where(kind == REVEAL_COLOR, s["last_color"], -1)
+        torch.eq(color[:, None], self._color_ids, out=take(c)[:, 0])
+        rank = torch.where(kind == REVEAL_RANK, s["last_rank"], -1)
+        torch.eq(rank[:, None], self._rank_ids, out=take(rk)[:, 0])
+        torch.logical_and(s["last_revealed"], hint[:, None], out=take(h)[:, 0])
+        torch.eq(torch.where(leave, s["last_slot"], -1)[:, None], self._slots, out=take(h)[:, 0])
+        torch.eq(
+            torch.where(leave, s["last_card"], -1)[:, None], self._card_ids, out=take(cards)[:, 0]
         )
-        parts.append((actor[:, :, None] == self._seat_ids) & has)
-        parts.append(per_game(game_wide[:, :4]))
-        parts.append((target[:, :, None] == self._seat_ids) & hint)
-        parts.append(per_game(game_wide[:, 4:]))
+        play = kind == PLAY
+        # the HLE sets the token bit for plays only (a discard's token is not encoded)
+        torch.logical_and(s["last_scored"], play, out=take(1)[:, 0, 0])
+        torch.logical_and(s["last_token"], play, out=take(1)[:, 0, 0])
+        game_to = at
+        for lo, hi in ((game_from, board_to), (kind_from, kind_to), (after_target, game_to)):
+            out[:, 1:, lo:hi] = out[:, :1, lo:hi]
 
-        # Plausible cards per holder's slot (empty slots have none), then seen from each seat;
-        # 0/1 bytes multiply faster than broadcast bool ands.
-        colors_ok = s["color_ok"].view(torch.uint8)[..., :, None]
-        ranks_ok = s["rank_ok"].view(torch.uint8)[..., None, :]
-        plausible = (colors_ok * ranks_ok).view(torch.bool).reshape(b, p, h, cards)
+        # every holder's card knowledge, once per holder (a table row per slot), then placed
+        # from each seat on
+        per_slot = cards + c + rk
+        # the row's code as a product with the bits' weights (exact in float32: < 2^24)
+        code = as_float(s["color_ok"].flatten(0, 2)) @ self._color_weights
+        code += as_float(s["rank_ok"].flatten(0, 2)) @ self._rank_weights
+        code = code.long() + (s["color_hint"].flatten() + 1) * (rk + 1)
+        code += s["rank_hint"].flatten() + 1
+        know = self._knowledge_table.index_select(0, code).view(b, p, h, per_slot)
         if paper_belief:
-            plausible = self.paper_belief(plausible)
-        know = torch.cat(
-            [
-                plausible[:, seat],
-                s["color_hint"][:, seat, :, None] == self._color_ids,
-                s["rank_hint"][:, seat, :, None] == self._rank_ids,
-            ],
-            dim=-1,
-        )
-        parts.append(know.reshape(b, p, -1))
-        return torch.cat(parts, dim=2)
+            know[..., :cards] = self.paper_belief(know[..., :cards])
+        know_cols = take(p * h * per_slot)
+        block = h * per_slot
+        for o in range(p):
+            for k in range(p):
+                know_cols[:, o, k * block : (k + 1) * block] = know[:, seat[o][k]].view(b, block)
+        assert at == r.observation_size
+        return out
 
     def paper_belief(self, plausible: Tensor) -> Tensor:
         """The MAPPO paper code's replacement of the plausible-card bits (``plausible [B, P, H,
