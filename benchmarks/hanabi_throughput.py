@@ -68,39 +68,46 @@ def bench_ours(players: int, num_envs: int, seconds: float, device: str) -> floa
             return count / elapsed
 
 
-def bench_output_floor(players: int, num_envs: int, seconds: float, device: str) -> float:
-    """Env steps per second of a "step" that only produces the float32 outputs of
-    ``hanabi/full-<P>p`` (see the module's docstring), one torch thread."""
+def output_step(players: int, num_envs: int, device: str):
+    """A function that makes what a step of ``hanabi/full-<P>p`` returns in float32, and only
+    that: ``(obs [N, P, obs], state [N, state], final_obs, final_state)``, fresh tensors, the
+    observations converted from bool views kept in a buffer (as the env does)."""
     import torch
 
     from mappo.envs import make
 
-    torch.set_num_threads(1)
     spec = make(f"hanabi/full-{players}p", num_envs=1).spec
     n_obs, n_state = spec.groups["players"].obs_shape[0], spec.state_shape[0]
     views = torch.zeros(num_envs, players, n_obs, dtype=torch.uint8, device=device)
     views[:, :, ::3] = 1
     rows = torch.arange(num_envs, device=device)
     seat = rows % players
-    kept = []
 
-    def step() -> None:
+    def step():
         obs = views.float()
         state = torch.empty(num_envs, n_state, device=device)
         state[:, :n_obs] = views[rows, seat]
         state[:, n_obs:] = 0.0
-        kept.append((obs, state, obs.clone(), state.clone()))
-        if len(kept) > 2:  # a trainer holds the last step while it takes the next
-            kept.pop(0)
+        return obs, state, obs.clone(), state.clone()
 
-    for _ in range(3):
-        step()
+    return step
+
+
+def bench_output_floor(players: int, num_envs: int, seconds: float, device: str) -> float:
+    """Env steps per second of :func:`output_step` (see the module's docstring), one torch
+    thread."""
+    import torch
+
+    torch.set_num_threads(1)
+    step = output_step(players, num_envs, device)
+    kept = [step() for _ in range(3)][-1:]  # warm-up
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     count, start = 0, time.perf_counter()
     while True:
         for _ in range(16):
-            step()
+            kept.append(step())
+            kept.pop(0)  # a trainer holds the last step while it takes the next
             count += num_envs
         if device.startswith("cuda"):
             torch.cuda.synchronize()
