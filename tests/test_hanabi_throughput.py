@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
-
-_PATH = Path(__file__).parent.parent / "benchmarks" / "hanabi_throughput.py"
+from bench_scripts import load
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("hanabi_throughput", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("hanabi_throughput")
 
 
 def test_rows_for_ours_and_the_floor(monkeypatch, capsys) -> None:

@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
-
-_PATH = Path(__file__).parent.parent / "benchmarks" / "run_table.py"
+from bench_scripts import load
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("run_table", _PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("run_table")
 
 
 def _write_run(run: Path, rows: list[dict[str, object]]) -> None:
