@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
-from bench_scripts import load
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_scripts import load  # noqa: E402
 
 
 def _module():
