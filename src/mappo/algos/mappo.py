@@ -488,12 +488,16 @@ def _select(samples: Samples, idx: Tensor | None) -> Samples:
     if idx is None:
         return samples
 
+    # index_select, not x[:, idx]: the same rows, copied about twice as fast on a CPU (whole
+    # rows at a time; the mini-batches of a wide observation are tens of megabytes)
     def take(x: Tensor | None) -> Tensor | None:
-        return None if x is None else x[:, idx]
+        return None if x is None else x.index_select(1, idx)
 
     def pick(field: str, x: Tensor | None) -> Tensor | None:
         # Stored recurrent states are per chunk [M, ...]; everything else is [L, M, ...].
-        return x[idx] if field in ("actor_state", "critic_state") else take(x)
+        if field in ("actor_state", "critic_state"):
+            return None if x is None else x.index_select(0, idx)
+        return take(x)
 
     groups = {
         name: GroupSamples(**{f.name: pick(f.name, getattr(s, f.name)) for f in fields(s)})
