@@ -263,11 +263,11 @@ class HanabiEnv(BatchedEnv):
         n_obs = self.spec.groups["players"].obs_shape[0]
         # The bool views are written into a buffer kept from step to step; what is returned
         # are fresh float32 tensors converted from it.
-        if self._view_buffer is None or self._view_buffer.shape[0] != e:
+        if games is not None:  # a selection of games: a buffer of its own
             buffer = torch.empty(e, p, n_obs, dtype=torch.bool, device=self.device)
-            if games is None:
-                self._view_buffer = buffer
         else:
+            if self._view_buffer is None:
+                self._view_buffer = torch.empty(e, p, n_obs, dtype=torch.bool, device=self.device)
             buffer = self._view_buffer
         g.observe_all(paper_belief=paper, out=buffer)
         if paper:  # the paper code appends who acts (a one-hot by absolute seat) to every input
