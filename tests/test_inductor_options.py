@@ -1,0 +1,34 @@
+"""``benchmarks/inductor_options.py``: the summary of alternating windows."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_scripts import load  # noqa: E402
+
+
+def test_summary_takes_medians_and_ratios_round_by_round() -> None:
+    module = load("inductor_options")
+    windows = {
+        "a": [
+            {"total": 10.0, "rollout": 4.0, "update": 6.0},
+            {"total": 30.0, "rollout": 12.0, "update": 18.0},
+            {"total": 12.0, "rollout": 5.0, "update": 7.0},
+        ],
+        "b": [
+            {"total": 5.0, "rollout": 2.0, "update": 3.0},
+            {"total": 20.0, "rollout": 8.0, "update": 12.0},
+            {"total": 12.0, "rollout": 6.0, "update": 6.0},
+        ],
+    }
+    out = module.summarise(["a", "b"], windows)
+    assert out["a"]["total"] == 12.0 and out["a"]["rollout"] == 5.0 and out["a"]["update"] == 7.0
+    assert out["a"]["ratio_to_first"] == [1.0, 1.0, 1.0]
+    # ratios are taken window by window (the slow second round counts against both sides)
+    assert out["b"]["ratio_to_first"] == pytest.approx([2.0, 1.5, 1.0])
+    assert out["b"]["median_ratio_to_first"] == pytest.approx(1.5)
+    assert out["b"]["total"] == 12.0 and out["b"]["update"] == 6.0
