@@ -1,13 +1,16 @@
-"""Compiled training throughput under different inductor options, measured in one process.
+"""Training throughput of two or more variants of a preset, measured in one process.
 
-One trainer per option set (``compile=on``, the options passed to every ``torch.compile`` of the
-run through :data:`mappo.compiled.CPU_OPTIONS`), each warmed up, then timed in windows of
-``--iterations`` iterations that alternate between the trainers, ``--rounds`` times (the order
-flips every round). On a VM whose speed wanders by 1.5x within minutes, the ratio of two windows
-measured back to back is steadier than runs in separate processes minutes apart.
+A variant is a set of config overrides (``compile=on model.precision=bf16``), optionally with
+inductor options for its compiled graphs (``inductor={"cpp.use_decompose_tanh":true}``, JSON
+without spaces, passed to every ``torch.compile`` of that trainer through
+:data:`mappo.compiled.CPU_OPTIONS`). One trainer per variant is built and warmed up, then timed
+in windows of ``--iterations`` iterations that alternate between the trainers, ``--rounds``
+times (the order flips every round). On a VM whose speed wanders by 1.5x within minutes, the
+ratio of two windows measured back to back is steadier than runs in separate processes minutes
+apart. All variants share the process's torch threads (``--threads``).
 
-    python benchmarks/inductor_options.py mpe/simple_spread_jaxmarl_ff \\
-        '{"cpp.use_decompose_tanh": false}' '{"cpp.use_decompose_tanh": true}' \\
+    python benchmarks/alternating.py mpe/simple_spread_jaxmarl_ff \\
+        'compile=on inductor={}' 'compile=on inductor={"cpp.use_decompose_tanh":true}' \\
         [--rounds 10] [--iterations 20] [--threads 2] [--json]
 """
 
@@ -20,10 +23,25 @@ import time
 from typing import Any
 
 
+def parse_variant(text: str) -> tuple[list[str], dict[str, Any] | None]:
+    """A variant's config overrides and its inductor options (``None``: the library's own)."""
+    overrides, options = [], None
+    for token in text.split():
+        if token.startswith("inductor="):
+            options = json.loads(token[len("inductor=") :])
+            if not isinstance(options, dict):
+                raise SystemExit(f"inductor= takes a JSON object, got {token!r}")
+        elif token.startswith("threads="):
+            raise SystemExit("the variants share the process's threads: use --threads")
+        else:
+            overrides.append(token)
+    return overrides, options
+
+
 def summarise(names: list[str], windows: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
-    """Medians per option set of the windows' milliseconds per iteration (``total``, ``rollout``,
-    ``update``), and each set's per-round ratio to the first set (first / other: above 1 means
-    the other set is faster)."""
+    """Medians per variant of the windows' milliseconds per iteration (``total``, ``rollout``,
+    ``update``), and each variant's per-round ratio to the first (first / other: above 1 means
+    the other variant is faster)."""
     out: dict[str, Any] = {}
     base = [w["total"] for w in windows[names[0]]]
     for name in names:
@@ -41,7 +59,7 @@ def summarise(names: list[str], windows: dict[str, list[dict[str, float]]]) -> d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("preset")
-    parser.add_argument("options", nargs="+", help="inductor options, one JSON object per set")
+    parser.add_argument("variants", nargs="+", help="config overrides, one quoted string each")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
@@ -53,13 +71,16 @@ def main() -> None:
     from mappo import config as config_mod
     from mappo.trainer import Trainer
 
+    library_options = dict(compiled.CPU_OPTIONS)
     learners: dict[str, Any] = {}
     counters: dict[str, int] = {}
-    for text in args.options:
-        compiled.CPU_OPTIONS = json.loads(text)
+    for text in args.variants:
+        overrides, options = parse_variant(text)
+        compiled.CPU_OPTIONS = library_options if options is None else options
         # a budget far beyond the windows, so that no schedule ends or anneals to zero
         cfg = config_mod.load(
-            args.preset, ["compile=on", f"threads={args.threads}", "total_env_steps=1000000000"]
+            args.preset,
+            [*overrides, f"threads={args.threads}", "total_env_steps=1000000000"],
         )
         learner = Trainer(cfg).learner
         for i in range(args.warmup):

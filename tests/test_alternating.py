@@ -1,4 +1,4 @@
-"""``benchmarks/inductor_options.py``: the summary of alternating windows."""
+"""``benchmarks/alternating.py``: variants parsed, and the summary of alternating windows."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from bench_scripts import load  # noqa: E402
 
 
 def test_summary_takes_medians_and_ratios_round_by_round() -> None:
-    module = load("inductor_options")
+    module = load("alternating")
     windows = {
         "a": [
             {"total": 10.0, "rollout": 4.0, "update": 6.0},
@@ -32,3 +32,17 @@ def test_summary_takes_medians_and_ratios_round_by_round() -> None:
     assert out["b"]["ratio_to_first"] == pytest.approx([2.0, 1.5, 1.0])
     assert out["b"]["median_ratio_to_first"] == pytest.approx(1.5)
     assert out["b"]["total"] == 12.0 and out["b"]["update"] == 6.0
+
+
+def test_variants_are_overrides_with_optional_inductor_options() -> None:
+    module = load("alternating")
+    assert module.parse_variant("compile=on model.precision=bf16") == (
+        ["compile=on", "model.precision=bf16"],
+        None,
+    )
+    overrides, options = module.parse_variant('compile=on inductor={"cpp.use_decompose_tanh":true}')
+    assert overrides == ["compile=on"] and options == {"cpp.use_decompose_tanh": True}
+    with pytest.raises(SystemExit, match="--threads"):
+        module.parse_variant("compile=on threads=1")
+    with pytest.raises(SystemExit, match="JSON object"):
+        module.parse_variant("inductor=[1]")
