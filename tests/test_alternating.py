@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -46,3 +47,21 @@ def test_variants_are_overrides_with_optional_inductor_options() -> None:
         module.parse_variant("compile=on threads=1")
     with pytest.raises(SystemExit, match="JSON object"):
         module.parse_variant("inductor=[1]")
+
+
+def test_a_tiny_comparison_runs_end_to_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = load("alternating")
+    small = "env.num_envs=2 rollout_length=4 algo.epochs=1 progress=False"
+    argv = ["alternating.py", "mpe/simple_spread", small, f"{small} algo.num_minibatches=2"]
+    argv += ["--rounds", "2", "--iterations", "1", "--warmup", "1", "--threads", "1", "--json"]
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.chdir(tmp_path)
+    module.main()
+    assert not any(tmp_path.iterdir())  # the trainers write no run directories
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    rows = out["ms_per_iteration"]
+    assert out["preset"] == "mpe/simple_spread" and list(rows) == argv[2:4]
+    for row in rows.values():
+        assert len(row["ratio_to_first"]) == 2 and row["total"] > 0 and row["update"] > 0
