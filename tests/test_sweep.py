@@ -54,14 +54,26 @@ def _learned(run_dir: Path) -> list[dict[str, str]]:
         ]
 
 
-def _start_sweep(tmp: Path, body: str, backend: str) -> tuple[Path, S.SweepSpec, subprocess.Popen]:
+def _start_sweep(
+    tmp: Path, body: str, backend: str, sigint_ignored: bool = False
+) -> tuple[Path, S.SweepSpec, subprocess.Popen]:
     """``mappo sweep`` of the tiny preset (``body`` adds seeds and overrides) in a child process
-    writing to ``tmp/sw``, with stderr captured; returns the spec file, the spec and the process."""
+    writing to ``tmp/sw``, with stderr captured; returns the spec file, the spec and the process.
+    ``sigint_ignored``: the child starts with SIGINT ignored, as a background job of a
+    non-interactive shell does."""
     spec_path = _write_spec(tmp, "presets: [TINY]\n" + body)
     spec = S.load_spec(str(spec_path), tmp / "sw")
     cmd = [sys.executable, "-m", "mappo.cli", "sweep", str(spec_path), "--dir", str(tmp / "sw")]
+
+    def ignore_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     proc = subprocess.Popen(
-        cmd + ["--backend", backend], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        cmd + ["--backend", backend],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=ignore_sigint if sigint_ignored else None,
     )
     return spec_path, spec, proc
 
@@ -282,7 +294,9 @@ def test_a_sweep_spreads_trials_across_two_ray_nodes(tmp_path, two_node_cluster,
     assert len({t["node"] for t in status["trials"]}) == 2
 
 
-def _ctrl_c_a_ray_sweep(tmp_path: Path, seeds: str) -> tuple[Path, S.SweepSpec, dict]:
+def _ctrl_c_a_ray_sweep(
+    tmp_path: Path, seeds: str, sigint_ignored: bool = False
+) -> tuple[Path, S.SweepSpec, dict]:
     """Start a Ray sweep of the tiny preset (``seeds`` adds its seed lines), press Ctrl-C once
     its last trial checkpointed, check the exit and message; returns the spec file, the spec and
     the sweep's ``sweep.json``."""
@@ -291,6 +305,7 @@ def _ctrl_c_a_ray_sweep(tmp_path: Path, seeds: str) -> tuple[Path, S.SweepSpec, 
         tmp_path,
         seeds + "overrides: {total_env_steps: 16000, checkpoint_interval: 20, eval_interval: 50}\n",
         "ray",
+        sigint_ignored,
     )
     _wait_for_checkpoint(proc, Path(spec.trials[-1].dir))
     proc.send_signal(signal.SIGINT)
@@ -301,7 +316,8 @@ def _ctrl_c_a_ray_sweep(tmp_path: Path, seeds: str) -> tuple[Path, S.SweepSpec, 
 
 
 def test_ctrl_c_stops_a_ray_sweep_with_checkpoints_and_a_rerun_resumes(tmp_path):
-    spec_path, spec, status = _ctrl_c_a_ray_sweep(tmp_path, "seeds: [1]\n")
+    # started with SIGINT ignored (a background job of a script): the sweep still stops on it
+    spec_path, spec, status = _ctrl_c_a_ray_sweep(tmp_path, "seeds: [1]\n", sigint_ignored=True)
     sweep_dir = tmp_path / "sw"
     assert status["trials"][0]["status"] == "interrupted"
     assert S.trial_state(spec.trials[0]) == "partial"  # it checkpointed on the way out

@@ -485,8 +485,11 @@ class _Terminated(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops the Ray driver as Ctrl-C does (trials asked to checkpoint first)."""
+def _signals_as_interrupt() -> Iterator[None]:
+    """SIGINT and SIGTERM stop the Ray driver as Ctrl-C does (trials asked to checkpoint first).
+    SIGINT's handler is set explicitly, as the trainer sets its own: a process started in the
+    background by a non-interactive shell (``mappo sweep ... &`` in a script, a test runner
+    launched so) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -494,11 +497,15 @@ def _sigterm_as_interrupt() -> Iterator[None]:
     def handler(signum: int, frame: Any) -> None:
         raise _Terminated
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {
+        signal.SIGTERM: signal.signal(signal.SIGTERM, handler),
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, signal.SIG_DFL if old is None else old)
 
 
 def _trials_that_fit(nodes: list[dict[str, Any]], cpus: float, gpus: float) -> int:
@@ -528,7 +535,7 @@ def _run_ray(
     ray = _ray_init(address)
     running: dict[Any, list[Trial]] = {}
     try:
-        with _sigterm_as_interrupt():
+        with _signals_as_interrupt():
             task = ray.remote(run_unit).options(
                 num_cpus=spec.cpus, num_gpus=spec.gpus, max_retries=0
             )
