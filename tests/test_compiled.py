@@ -494,14 +494,14 @@ def test_the_fused_rollout_step_equals_the_eager_one(preset, bootstrap):
             torch.testing.assert_close(got_track[k], v, rtol=1e-5, atol=1e-5, msg=k)
     for group, obs in collectors["off"].step.obs.items():
         torch.testing.assert_close(collectors["on"].step.obs[group], obs, rtol=1e-5, atol=1e-5)
-    # Two graphs for the single fused step (with and without an episode end) and one for the
-    # block, whether or not an episode ends in it, also after a checkpoint round trip: nothing
-    # recompiles per step (and the policy step alone, for eager env steps, is never compiled).
+    # One graph for the single fused step and one for the block, whether or not an episode
+    # ends in them, also after a checkpoint round trip: nothing recompiles per step (and the
+    # policy step alone, for eager env steps, is never compiled).
     compiled.load_state_dict(compiled.state_dict(), fallback_seed=0)
     compiled.env.claim_traced_step, compiled.env.claim_traced_steps = claim, claim_block
     trainers["on"].collector.collect()
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before
-    assert graphs == 2 + blocks
+    assert graphs == 1 + blocks
     for t in trainers.values():
         t.close()
 

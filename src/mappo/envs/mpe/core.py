@@ -495,7 +495,7 @@ class ParticleEnv(BatchedEnv):
 
     def _plain_step(self, actions: dict[str, Tensor]) -> EnvStep:
         """A step at which no episode ends: tensor code only (no random numbers, no host
-        reads), the single claimed step where no env reaches the time limit."""
+        reads)."""
         obs, state, reward, stats = self._world_step(actions)
         done = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
         return EnvStep(
@@ -511,11 +511,11 @@ class ParticleEnv(BatchedEnv):
         )
 
     def claim_traced_step(self) -> Callable[[dict[str, Tensor]], EnvStep] | None:
-        """:meth:`_traced_step` for the next step where actions are not checked
-        (:meth:`_plain_step` where no env ends on it). The time limit is the only episode end
-        and is known on the host, so the random numbers of the episodes that start on that step
-        are drawn now (:meth:`_draw_ahead`) and the step itself draws none. A subclass that
-        overrides ``_step`` (another way to end episodes, say) is never traced."""
+        """:meth:`_traced_step` for the next step where actions are not checked. The time
+        limit is the only episode end and is known on the host, so the random numbers of the
+        episodes that start on that step are drawn now (:meth:`_draw_ahead`) and the step
+        itself draws none. A subclass that overrides ``_step`` (another way to end episodes,
+        say) is never traced."""
         return self._claim(1)
 
     def claim_traced_steps(self, count: int) -> Callable[[dict[str, Tensor]], EnvStep] | None:
@@ -529,13 +529,11 @@ class ParticleEnv(BatchedEnv):
     def _claim(self, count: int) -> Callable[[dict[str, Tensor]], EnvStep] | None:
         if type(self)._step is not ParticleEnv._step or self.validate_actions:
             return None
-        if count == 1 and not self._an_episode_ends_next():
-            # A single step that ends nothing skips the reset's selection and second
-            # observation (a second graph: the paper's recurrent preset steps singly, and its
-            # rollout was 5% slower with them on every step). Runs of steps take the one
-            # function whatever they hold, so that each run length compiles once.
-            self._now += 1
-            return self._plain_step
+        # Every claim takes the one function, whether or not an episode ends in it, so that
+        # each run length compiles once. A single step that ends nothing could skip the reset's
+        # selection and second observation, but as a second graph it cost the paper's
+        # recurrent preset (which steps singly) about 20 s of its cold compile to save 1-2% of
+        # a rollout that is a tenth of its iteration (BENCHMARKS.md).
         self._draw_ahead(count)
         self._now += count
         return self._traced_step
