@@ -155,7 +155,7 @@ def compiles_gradient_step(device: torch.device, recurrent: bool) -> bool:
 AUTO_CPU_STEPS = 1_000_000
 """``compile=auto`` compiles on the CPU for runs of at least this many env steps (and an env
 whose step the rollout can trace): there the compiled path trained seven particle-world presets
-1.3-1.7x faster than eager (medians; 2 threads), which repays a cold compile of 15-70 s within
+1.3-1.7x faster than eager (medians; 2 threads), which repays a cold compile of 15-130 s within
 one to a few million steps, and a compile from torch's warm on-disk cache (seconds) at once
 (BENCHMARKS.md, "Compiled path"); shorter runs stay eager."""
 
