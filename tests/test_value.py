@@ -20,6 +20,7 @@ from mappo.algos.coma import coma_advantage, counterfactual_baseline, final_step
 from mappo.algos.returns import lambda_targets, n_step_targets
 from mappo.algos.value import epsilon_at, td_loss
 from mappo.cli import main
+from mappo.data import EpisodeBatch
 from mappo.episodes import EpisodeBuffer, EpisodeCollector, allocate_episodes
 from mappo.nn.coma import ComaCritic, coma_policy
 from mappo.nn.q_agents import QMixer, QNetworks, VDNMixer, epsilon_greedy
@@ -228,6 +229,112 @@ def test_buffer_wraps_around_and_samples_distinct_episodes():
     restored.load_state_dict(buf.state_dict())
     assert restored.index == buf.index and restored.size == buf.size
     assert torch.equal(restored.storage.obs["agents"], buf.storage.obs["agents"])
+
+
+def _fields(batch) -> dict[str, torch.Tensor]:
+    """Every tensor of an :class:`EpisodeBatch` by ``field`` or ``field/group``."""
+    out = {}
+    for name, value in batch.fields().items():
+        if isinstance(value, dict):
+            out.update({f"{name}/{k}": v for k, v in value.items()})
+        else:
+            out[name] = value
+    return out
+
+
+def _assert_same_episodes(got, want) -> None:
+    """Two batches hold the same values in the same dtypes (a sample against the episodes)."""
+    got, want = _fields(got), _fields(want)
+    assert got.keys() == want.keys()
+    for k, v in want.items():
+        assert got[k].dtype == v.dtype, k
+        assert torch.equal(got[k], v), k
+
+
+def _buffer_of_one_batch(env_name: str, num_envs: int):
+    """A buffer of ``num_envs`` slots holding one collected batch, and a copy of that batch."""
+    env, nets, cfg, collector, _ = _collect(env_name, num_envs)
+    buf = EpisodeBuffer(collector.batch, capacity=num_envs)
+    batch, _ = collector.collect(epsilon=1.0, seed=0)
+    kept = batch.map(lambda x: x.clone())
+    buf.add(batch)
+    return env, buf, kept
+
+
+def test_binary_observations_are_stored_as_bytes_and_sampled_as_they_were():
+    """Hanabi's 0/1 observations and states take a byte each in the buffer (a quarter of
+    float32) and come back from a sample as the same float32 values."""
+    env, buf, kept = _buffer_of_one_batch("hanabi/small-2p", 4)
+    assert buf.storage.obs["players"].dtype == torch.uint8
+    assert buf.storage.state.dtype == torch.uint8
+    assert buf.storage.reward.dtype == torch.float32  # scores change by whole points, but
+    # only observations and states are kept as bytes
+    g = torch.Generator().manual_seed(3)
+    order = torch.randperm(4, generator=torch.Generator().manual_seed(3))
+    sample = buf.sample(4, g)
+    T = int(kept.filled.sum(0).max()) + 1
+    _assert_same_episodes(sample, kept.map(lambda x: x[:T, order]))
+    # A checkpoint keeps the bytes, and restores the same samples.
+    state = buf.state_dict()
+    assert state["episodes"]["obs"]["players"].dtype == torch.uint8
+    restored = EpisodeBuffer(allocate_episodes(env, 4), capacity=4)
+    restored.load_state_dict(state)
+    _assert_same_episodes(restored.sample(4, torch.Generator().manual_seed(3)), sample)
+
+
+def test_a_value_a_byte_cannot_hold_turns_the_field_to_floats_for_good():
+    env, nets, cfg, collector, _ = _collect("hanabi/small-2p", 3)
+    buf = EpisodeBuffer(collector.batch, capacity=6)
+    first, _ = collector.collect(epsilon=1.0, seed=0)
+    first = first.map(lambda x: x.clone())
+    buf.add(first)
+    second, _ = collector.collect(epsilon=1.0, seed=1)
+    second = second.map(lambda x: x.clone())
+    second.obs["players"][0, 0, 0, 0] = 0.5  # not a whole number
+    second.state[0, 1, 0] = 256.0  # beyond a byte
+    buf.add(second)
+    assert buf.storage.obs["players"].dtype == torch.float32
+    assert buf.storage.state.dtype == torch.float32
+    # The episodes stored as bytes before are kept, and the new ones exactly.
+    both = EpisodeBatch(**{k: None for k in EpisodeBatch.__dataclass_fields__})
+    for name in EpisodeBatch.__dataclass_fields__:
+        a, b = getattr(first, name), getattr(second, name)
+        cat = (
+            {k: torch.cat([a[k], b[k]], 1) for k in a}
+            if isinstance(a, dict)
+            else torch.cat([a, b], 1)
+        )
+        setattr(both, name, cat)
+    order = torch.randperm(6, generator=torch.Generator().manual_seed(5))
+    sample = buf.sample(6, torch.Generator().manual_seed(5))
+    T = int(both.filled.sum(0).max()) + 1
+    _assert_same_episodes(sample, both.map(lambda x: x[:T, order]))
+    assert float(sample.obs["players"].max()) == 1.0 and 0.5 in sample.obs["players"]
+    # Float episodes in a checkpoint (this one, or one written before the byte storage) load
+    # into a fresh buffer, which takes floats where they do not fit in a byte.
+    restored = EpisodeBuffer(allocate_episodes(env, 3), capacity=6)
+    restored.load_state_dict(buf.state_dict())
+    assert restored.storage.obs["players"].dtype == torch.float32
+    _assert_same_episodes(restored.sample(6, torch.Generator().manual_seed(5)), sample)
+    only_first = EpisodeBuffer(allocate_episodes(env, 3), capacity=6)
+    only_first.add(first)
+    old = only_first.state_dict()
+    old["episodes"]["obs"]["players"] = old["episodes"]["obs"]["players"].float()
+    old["episodes"]["state"] = old["episodes"]["state"].float()
+    older = EpisodeBuffer(allocate_episodes(env, 3), capacity=6)
+    older.load_state_dict(old)
+    assert older.storage.obs["players"].dtype == torch.uint8  # 0/1 floats fit
+    _assert_same_episodes(
+        older.sample(3, torch.Generator().manual_seed(2)),
+        only_first.sample(3, torch.Generator().manual_seed(2)),
+    )
+
+
+def test_continuous_observations_stay_floats():
+    env, buf, kept = _buffer_of_one_batch("mpe/simple_spread", 2)
+    assert buf.storage.obs["agents"].dtype == torch.float32
+    assert buf.storage.state.dtype == torch.float32
+    assert torch.equal(buf.storage.obs["agents"], kept.obs["agents"].transpose(0, 1))
 
 
 def test_padded_steps_do_not_change_the_loss():
