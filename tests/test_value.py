@@ -21,7 +21,7 @@ from mappo.algos.returns import lambda_targets, n_step_targets
 from mappo.algos.value import epsilon_at, td_loss
 from mappo.cli import main
 from mappo.data import EpisodeBatch
-from mappo.episodes import EpisodeBuffer, EpisodeCollector, allocate_episodes
+from mappo.episodes import EpisodeBuffer, EpisodeCollector, allocate_episodes, fits_bytes
 from mappo.nn.coma import ComaCritic, coma_policy
 from mappo.nn.q_agents import QMixer, QNetworks, VDNMixer, epsilon_greedy
 from mappo.rollout import EpisodeTracker
@@ -267,8 +267,6 @@ def test_binary_observations_are_stored_as_bytes_and_sampled_as_they_were():
     env, buf, kept = _buffer_of_one_batch("hanabi/small-2p", 4)
     assert buf.storage.obs["players"].dtype == torch.uint8
     assert buf.storage.state.dtype == torch.uint8
-    assert buf.storage.reward.dtype == torch.float32  # scores change by whole points, but
-    # only observations and states are kept as bytes
     g = torch.Generator().manual_seed(3)
     order = torch.randperm(4, generator=torch.Generator().manual_seed(3))
     sample = buf.sample(4, g)
@@ -324,10 +322,22 @@ def test_a_value_a_byte_cannot_hold_turns_the_field_to_floats_for_good():
     older = EpisodeBuffer(allocate_episodes(env, 3), capacity=6)
     older.load_state_dict(old)
     assert older.storage.obs["players"].dtype == torch.uint8  # 0/1 floats fit
+    assert older.storage.state.dtype == torch.uint8
     _assert_same_episodes(
         older.sample(3, torch.Generator().manual_seed(2)),
         only_first.sample(3, torch.Generator().manual_seed(2)),
     )
+
+
+def test_fits_bytes_takes_only_what_a_byte_holds_exactly():
+    assert fits_bytes(torch.tensor([0.0, 1.0, 7.0, 255.0]))
+    assert fits_bytes(torch.tensor([0, 200], dtype=torch.int64))
+    assert fits_bytes(torch.tensor([3], dtype=torch.uint8)) and fits_bytes(torch.tensor([True]))
+    assert fits_bytes(torch.zeros(0))
+    for bad in (0.5, -1.0, 256.0, -0.0, float("nan"), float("inf")):
+        assert not fits_bytes(torch.tensor([0.0, bad])), bad
+    assert not fits_bytes(torch.tensor([0, 300], dtype=torch.int64))
+    assert not fits_bytes(torch.tensor([-1], dtype=torch.int32))
 
 
 def test_continuous_observations_stay_floats():
@@ -540,12 +550,21 @@ def test_soft_targets_and_standardised_rewards_run(tmp_path):
 VD_RESUME = {**TINY, "algo.targets": "td_lambda", "algo.standardise_rewards": True}
 
 
-def test_value_resume_equals_uninterrupted(tmp_path):
-    full = train("mpe/simple_spread_qmix", {**VD_RESUME, "run_dir": str(tmp_path / "a")})
-    part = train("mpe/simple_spread_qmix", {**VD_RESUME, "run_dir": str(tmp_path / "b")})
-    for p in sorted((part.dir / "checkpoints").glob("iter_*.pt")):
-        if p.name > "iter_00000004.pt":
-            p.unlink()
+@pytest.mark.parametrize("env_name", ["mpe/simple_spread", "hanabi/very-small-2p"])
+def test_value_resume_equals_uninterrupted(tmp_path, env_name):
+    """Also with Hanabi, whose buffer (in the checkpoints) holds its observations as bytes."""
+    over = {**VD_RESUME, "env.name": env_name}
+    full = train("mpe/simple_spread_qmix", {**over, "run_dir": str(tmp_path / "a")})
+    part = train("mpe/simple_spread_qmix", {**over, "run_dir": str(tmp_path / "b")})
+    # Resume from the earliest periodic checkpoint kept (iteration 2 of 6 with the particle
+    # world's 25-step episodes; Hanabi's shorter games take more iterations).
+    first, *later = sorted((part.dir / "checkpoints").glob("iter_*.pt"))
+    assert later
+    for p in later:
+        p.unlink()
+    stored = load_checkpoint(first)["learner"]["buffer"]["episodes"]["obs"]
+    want = torch.uint8 if env_name.startswith("hanabi") else torch.float32
+    assert {t.dtype for t in stored.values()} == {want}
     resumed = resume(part.dir)
     a, b = full.policy.state_dict(), resumed.policy.state_dict()
     for k in a:

@@ -16,7 +16,9 @@ bytes while every value stored is a whole number from 0 to 255 (Hanabi's 0/1 enc
 views), a quarter of their float32 size, and read back as the float32 they were: Hanabi's buffer
 of PyMARL's 5,000 episodes takes 1.1 GB instead of 4.4 GB, and so do checkpoints that keep it.
 The first value that a byte cannot hold (a particle world's positions, on the first episodes)
-turns that field back into float32 storage for good, the episodes already stored included.
+turns that tensor (one group's observations, or the state) into float32 storage for the rest of
+the process, the episodes already stored included; a resumed run starts again from bytes where
+the checkpoint's values fit them.
 """
 
 from __future__ import annotations
@@ -158,13 +160,17 @@ values per agent and 783 state values per step, against 20 action-mask bits)."""
 
 
 def fits_bytes(x: Tensor) -> bool:
-    """Whether every value of ``x`` is a whole number from 0 to 255, so that ``uint8`` holds it
-    exactly (NaN and infinities do not fit). One pass over ``x`` and one host sync."""
-    if not x.is_floating_point():
-        return False
-    if x.numel() == 0:
+    """Whether ``uint8`` holds every value of ``x`` exactly: whole numbers from 0 to 255 (not
+    -0.0, whose sign a byte would lose; NaN and infinities do not fit either). One pass over
+    ``x`` and one host sync, none for bytes and bools."""
+    if x.dtype in (torch.uint8, torch.bool) or x.numel() == 0:
         return True
-    return bool(((x >= 0) & (x <= 255) & (x == x.trunc())).all())
+    if x.is_complex():
+        return False
+    fits = (x <= 255) & (x >= 0)
+    if x.is_floating_point():
+        fits &= (x == x.trunc()) & ~torch.signbit(x)
+    return bool(fits.all())
 
 
 class EpisodeBuffer:
@@ -198,25 +204,38 @@ class EpisodeBuffer:
             return x.new_zeros(shape, dtype=torch.uint8)
         return x.new_zeros(shape)
 
-    def _stored(self) -> list[tuple[str, str | None, Tensor]]:
-        """Every stored tensor with its field and group (``None`` outside per-group fields)."""
-        out: list[tuple[str, str | None, Tensor]] = []
+    def _keys(self) -> list[tuple[str, str | None]]:
+        """Every stored tensor's field and group (``None`` outside per-group fields)."""
+        out: list[tuple[str, str | None]] = []
         for name, dst in self.storage.fields().items():
-            if isinstance(dst, dict):
-                out.extend((name, k, v) for k, v in dst.items())
-            else:
-                out.append((name, None, dst))
+            out.extend([(name, k) for k in dst] if isinstance(dst, dict) else [(name, None)])
         return out
 
-    def _widen(self, name: str, key: str | None) -> Tensor:
-        """Turn a tensor stored as bytes into float storage (its values kept) and return it."""
+    def _get(self, name: str, key: str | None) -> Tensor:
+        field = getattr(self.storage, name)
+        return field if key is None else field[key]
+
+    def _widen(self, name: str, key: str | None, keep: bool) -> Tensor:
+        """Turn a tensor stored as bytes into float storage and return it: its stored values
+        converted (``keep``: memory holds both for a moment), or zeros allocated after the
+        bytes are let go (nothing stored yet, or all of it about to be overwritten)."""
         dtype = self.wide.pop((name, key))
         field = getattr(self.storage, name)
+        narrow = self._get(name, key)
+        if keep:
+            wide = narrow.to(dtype)
+        else:
+            shape, device = narrow.shape, narrow.device
+            del narrow
+            if key is None:
+                setattr(self.storage, name, None)
+            else:
+                field[key] = None
+            wide = torch.zeros(shape, dtype=dtype, device=device)
         if key is None:
-            wide = field.to(dtype)
             setattr(self.storage, name, wide)
         else:
-            wide = field[key] = field[key].to(dtype)
+            field[key] = wide
         return wide
 
     def add(self, episodes: EpisodeBatch) -> None:
@@ -225,10 +244,11 @@ class EpisodeBuffer:
         dev = episodes.filled.device
         slots = (self.index + torch.arange(B, device=dev)) % self.capacity
         new = episodes.fields()
-        for name, key, dst in self._stored():
+        for name, key in self._keys():
             value = new[name] if key is None else new[name][key]
             if (name, key) in self.wide and not fits_bytes(value):
-                dst = self._widen(name, key)
+                self._widen(name, key, keep=self.size > 0)
+            dst = self._get(name, key)
             dst[slots] = value.transpose(0, 1).to(dst.dtype)
         self.index = (self.index + B) % self.capacity
         self.size = min(self.size + B, self.capacity)
@@ -261,8 +281,9 @@ class EpisodeBuffer:
         written before the byte storage, or of a field that had turned to floats)."""
         self.index, self.size = int(state["index"]), int(state["size"])
         stored = state["episodes"]
-        for name, key, dst in self._stored():
+        for name, key in self._keys():
             value = stored[name] if key is None else stored[name][key]
-            if (name, key) in self.wide and value.is_floating_point() and not fits_bytes(value):
-                dst = self._widen(name, key)
+            if (name, key) in self.wide and not fits_bytes(value):
+                self._widen(name, key, keep=False)
+            dst = self._get(name, key)
             dst[: self.size] = value.to(dst.dtype)
