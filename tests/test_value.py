@@ -20,8 +20,7 @@ from mappo.algos.coma import coma_advantage, counterfactual_baseline, final_step
 from mappo.algos.returns import lambda_targets, n_step_targets
 from mappo.algos.value import epsilon_at, td_loss
 from mappo.cli import main
-from mappo.data import EpisodeBatch
-from mappo.episodes import EpisodeBuffer, EpisodeCollector, allocate_episodes, fits_bytes
+from mappo.episodes import EpisodeBuffer, EpisodeCollector, allocate_episodes, check_bytes
 from mappo.nn.coma import ComaCritic, coma_policy
 from mappo.nn.q_agents import QMixer, QNetworks, VDNMixer, epsilon_greedy
 from mappo.rollout import EpisodeTracker
@@ -252,96 +251,65 @@ def _assert_same_episodes(got, want) -> None:
 
 
 def _buffer_of_one_batch(env_name: str, num_envs: int):
-    """A buffer of ``num_envs`` slots holding one collected batch, and a copy of that batch."""
+    """A buffer of ``num_envs`` slots holding one collected batch (bytes where the env declares
+    them), and a copy of that batch."""
     env, nets, cfg, collector, _ = _collect(env_name, num_envs)
-    buf = EpisodeBuffer(collector.batch, capacity=num_envs)
+    buf = EpisodeBuffer(collector.batch, num_envs, env.byte_observations)
     batch, _ = collector.collect(epsilon=1.0, seed=0)
     kept = batch.map(lambda x: x.clone())
     buf.add(batch)
     return env, buf, kept
 
 
-def test_binary_observations_are_stored_as_bytes_and_sampled_as_they_were():
-    """Hanabi's 0/1 observations and states take a byte each in the buffer (a quarter of
-    float32) and come back from a sample as the same float32 values."""
+def test_hanabi_observations_are_stored_as_bytes_and_sampled_as_they_were():
+    """Hanabi declares its 0/1 observations and states: they take a byte each in the buffer (a
+    quarter of float32) and come back from a sample as the same float32 values."""
     env, buf, kept = _buffer_of_one_batch("hanabi/small-2p", 4)
+    assert env.byte_observations
     assert buf.storage.obs["players"].dtype == torch.uint8
     assert buf.storage.state.dtype == torch.uint8
-    g = torch.Generator().manual_seed(3)
     order = torch.randperm(4, generator=torch.Generator().manual_seed(3))
-    sample = buf.sample(4, g)
+    sample = buf.sample(4, torch.Generator().manual_seed(3))
     T = int(kept.filled.sum(0).max()) + 1
     _assert_same_episodes(sample, kept.map(lambda x: x[:T, order]))
     # A checkpoint keeps the bytes, and restores the same samples.
     state = buf.state_dict()
     assert state["episodes"]["obs"]["players"].dtype == torch.uint8
-    restored = EpisodeBuffer(allocate_episodes(env, 4), capacity=4)
+    restored = EpisodeBuffer(allocate_episodes(env, 4), 4, byte_observations=True)
     restored.load_state_dict(state)
     _assert_same_episodes(restored.sample(4, torch.Generator().manual_seed(3)), sample)
-
-
-def test_a_value_a_byte_cannot_hold_turns_the_field_to_floats_for_good():
-    env, nets, cfg, collector, _ = _collect("hanabi/small-2p", 3)
-    buf = EpisodeBuffer(collector.batch, capacity=6)
-    first, _ = collector.collect(epsilon=1.0, seed=0)
-    first = first.map(lambda x: x.clone())
-    buf.add(first)
-    second, _ = collector.collect(epsilon=1.0, seed=1)
-    second = second.map(lambda x: x.clone())
-    second.obs["players"][0, 0, 0, 0] = 0.5  # not a whole number
-    second.state[0, 1, 0] = 256.0  # beyond a byte
-    buf.add(second)
-    assert buf.storage.obs["players"].dtype == torch.float32
-    assert buf.storage.state.dtype == torch.float32
-    # The episodes stored as bytes before are kept, and the new ones exactly.
-    both = EpisodeBatch(**{k: None for k in EpisodeBatch.__dataclass_fields__})
-    for name in EpisodeBatch.__dataclass_fields__:
-        a, b = getattr(first, name), getattr(second, name)
-        cat = (
-            {k: torch.cat([a[k], b[k]], 1) for k in a}
-            if isinstance(a, dict)
-            else torch.cat([a, b], 1)
-        )
-        setattr(both, name, cat)
-    order = torch.randperm(6, generator=torch.Generator().manual_seed(5))
-    sample = buf.sample(6, torch.Generator().manual_seed(5))
-    T = int(both.filled.sum(0).max()) + 1
-    _assert_same_episodes(sample, both.map(lambda x: x[:T, order]))
-    assert float(sample.obs["players"].max()) == 1.0 and 0.5 in sample.obs["players"]
-    # Float episodes in a checkpoint (this one, or one written before the byte storage) load
-    # into a fresh buffer, which takes floats where they do not fit in a byte.
-    restored = EpisodeBuffer(allocate_episodes(env, 3), capacity=6)
-    restored.load_state_dict(buf.state_dict())
-    assert restored.storage.obs["players"].dtype == torch.float32
-    _assert_same_episodes(restored.sample(6, torch.Generator().manual_seed(5)), sample)
-    only_first = EpisodeBuffer(allocate_episodes(env, 3), capacity=6)
-    only_first.add(first)
-    old = only_first.state_dict()
-    old["episodes"]["obs"]["players"] = old["episodes"]["obs"]["players"].float()
-    old["episodes"]["state"] = old["episodes"]["state"].float()
-    older = EpisodeBuffer(allocate_episodes(env, 3), capacity=6)
+    # A checkpoint of float episodes (written before the byte storage) loads into bytes, and a
+    # checkpoint of bytes into a float buffer: the same samples either way.
+    old = {**state, "episodes": {**state["episodes"]}}
+    old["episodes"]["obs"] = {"players": state["episodes"]["obs"]["players"].float()}
+    old["episodes"]["state"] = state["episodes"]["state"].float()
+    older = EpisodeBuffer(allocate_episodes(env, 4), 4, byte_observations=True)
     older.load_state_dict(old)
-    assert older.storage.obs["players"].dtype == torch.uint8  # 0/1 floats fit
-    assert older.storage.state.dtype == torch.uint8
-    _assert_same_episodes(
-        older.sample(3, torch.Generator().manual_seed(2)),
-        only_first.sample(3, torch.Generator().manual_seed(2)),
-    )
+    assert older.storage.obs["players"].dtype == torch.uint8
+    _assert_same_episodes(older.sample(4, torch.Generator().manual_seed(3)), sample)
+    floats = EpisodeBuffer(allocate_episodes(env, 4), 4)
+    floats.load_state_dict(state)
+    assert floats.storage.obs["players"].dtype == torch.float32
+    _assert_same_episodes(floats.sample(4, torch.Generator().manual_seed(3)), sample)
 
 
-def test_fits_bytes_takes_only_what_a_byte_holds_exactly():
-    assert fits_bytes(torch.tensor([0.0, 1.0, 7.0, 255.0]))
-    assert fits_bytes(torch.tensor([0, 200], dtype=torch.int64))
-    assert fits_bytes(torch.tensor([3], dtype=torch.uint8)) and fits_bytes(torch.tensor([True]))
-    assert fits_bytes(torch.zeros(0))
-    for bad in (0.5, -1.0, 256.0, -0.0, float("nan"), float("inf")):
-        assert not fits_bytes(torch.tensor([0.0, bad])), bad
-    assert not fits_bytes(torch.tensor([0, 300], dtype=torch.int64))
-    assert not fits_bytes(torch.tensor([-1], dtype=torch.int32))
+def test_byte_storage_refuses_values_outside_a_byte():
+    env, nets, cfg, collector, _ = _collect("hanabi/small-2p", 2)
+    buf = EpisodeBuffer(collector.batch, 4, byte_observations=True)
+    batch, _ = collector.collect(epsilon=1.0, seed=0)
+    for field, bad in (("obs", 256.0), ("state", -1.0), ("obs", float("nan"))):
+        wrong = batch.map(lambda x: x.clone())
+        target = wrong.obs["players"] if field == "obs" else wrong.state
+        target.view(-1)[5] = bad
+        with pytest.raises(ValueError, match="byte_observations=False"):
+            buf.add(wrong)
+    check_bytes(torch.tensor([0.0, 1.0, 255.0]), "obs")
+    check_bytes(torch.zeros(0), "obs")
 
 
 def test_continuous_observations_stay_floats():
     env, buf, kept = _buffer_of_one_batch("mpe/simple_spread", 2)
+    assert not env.byte_observations
     assert buf.storage.obs["agents"].dtype == torch.float32
     assert buf.storage.state.dtype == torch.float32
     assert torch.equal(buf.storage.obs["agents"], kept.obs["agents"].transpose(0, 1))

@@ -11,14 +11,11 @@ an env's episode and the longest in the batch.
 
 **Buffer.** Episodes are stored episode-major, ``[capacity, L + 1, ...]``, on the env's device,
 and overwrite the oldest when full; a batch is sampled uniformly without replacement and
-returned time-major, cut to its longest episode. Observations and global states are stored as
-bytes while every value stored is a whole number from 0 to 255 (Hanabi's 0/1 encodings, one-hot
-views), a quarter of their float32 size, and read back as the float32 they were: Hanabi's buffer
-of PyMARL's 5,000 episodes takes 1.1 GB instead of 4.4 GB, and so do checkpoints that keep it.
-The first value that a byte cannot hold (a particle world's positions, on the first episodes)
-turns that tensor (one group's observations, or the state) into float32 storage for the rest of
-the process, the episodes already stored included; a resumed run starts again from bytes where
-the checkpoint's values fit them.
+returned time-major, cut to its longest episode. Where the env declares that its observations
+and global states are whole numbers from 0 to 255 (``BatchedEnv.byte_observations``: Hanabi's
+0/1 encodings), they are stored as bytes, a quarter of their float32 size, and read back as the
+same float32 values: Hanabi's buffer of PyMARL's 5,000 episodes takes 1.1 GB instead of 4.4 GB,
+and so do checkpoints that keep it.
 """
 
 from __future__ import annotations
@@ -154,89 +151,67 @@ class EpisodeCollector:
 
 
 COMPACT_FIELDS = ("obs", "state")
-"""The :class:`EpisodeBatch` fields that :class:`EpisodeBuffer` stores as bytes while their
-values allow it: the two that hold nearly all of a buffer's memory (Hanabi: 658 observation
-values per agent and 783 state values per step, against 20 action-mask bits)."""
+"""The :class:`EpisodeBatch` fields that :class:`EpisodeBuffer` stores as bytes for envs that
+declare byte observations: the two that hold nearly all of a buffer's memory (Hanabi: 658
+observation values per agent and 783 state values per step, against 20 action-mask bits)."""
 
 
-def fits_bytes(x: Tensor) -> bool:
-    """Whether ``uint8`` holds every value of ``x`` exactly: whole numbers from 0 to 255 (not
-    -0.0, whose sign a byte would lose; NaN and infinities do not fit either). One pass over
-    ``x`` and one host sync, none for bytes and bools."""
-    if x.dtype in (torch.uint8, torch.bool) or x.numel() == 0:
-        return True
-    if x.is_complex():
-        return False
-    fits = (x <= 255) & (x >= 0)
-    if x.is_floating_point():
-        fits &= (x == x.trunc()) & ~torch.signbit(x)
-    return bool(fits.all())
+def check_bytes(x: Tensor, what: str) -> None:
+    """Raise :class:`ValueError` where ``x`` holds a value outside 0-255 or NaN: the cheap half
+    of the byte contract (one pass, one host sync), checked on every add. Fractions inside the
+    range are not checked (that would cost a few more passes per add): they are truncated."""
+    if x.numel() == 0 or x.dtype in (torch.uint8, torch.bool):
+        return
+    lo, hi = torch.aminmax(x.detach())
+    if not (float(lo) >= 0 and float(hi) <= 255):
+        raise ValueError(
+            f"the env declares byte observations (byte_observations=True) but its {what} holds "
+            f"values from {float(lo)} to {float(hi)}; set byte_observations=False on the env"
+        )
 
 
 class EpisodeBuffer:
     """A ring of ``capacity`` episodes on the device, sampled uniformly.
 
-    The fields of :data:`COMPACT_FIELDS` are stored as ``uint8`` while every value added fits
-    (:func:`fits_bytes`) and are returned by :meth:`sample` in their own float dtype, the same
-    values; the first add that does not fit turns that tensor into float storage (see the
+    With ``byte_observations`` the float fields of :data:`COMPACT_FIELDS` are stored as
+    ``uint8`` and returned by :meth:`sample` in their own float dtype, the same values (see the
     module's docstring). ``state_dict`` holds the stored episodes in their stored dtype, so that
-    a resumed run samples the same batches.
+    a resumed run samples the same batches; either form loads into either buffer.
     """
 
-    def __init__(self, template: EpisodeBatch, capacity: int) -> None:
+    def __init__(
+        self, template: EpisodeBatch, capacity: int, byte_observations: bool = False
+    ) -> None:
         self.capacity = capacity
         self.wide: dict[tuple[str, str | None], torch.dtype] = {}
         """(field, group or ``None``) -> the float dtype of a tensor stored as bytes."""
+
+        def allocate(name: str, key: str | None, x: Tensor) -> Tensor:
+            shape = (capacity, x.shape[0], *x.shape[2:])
+            if byte_observations and name in COMPACT_FIELDS and x.is_floating_point():
+                self.wide[(name, key)] = x.dtype
+                return x.new_zeros(shape, dtype=torch.uint8)
+            return x.new_zeros(shape)
+
         fields: dict[str, Any] = {}
         for name, value in template.fields().items():
             if isinstance(value, dict):
-                fields[name] = {k: self._allocate(name, k, v) for k, v in value.items()}
+                fields[name] = {k: allocate(name, k, v) for k, v in value.items()}
             else:
-                fields[name] = self._allocate(name, None, value)
+                fields[name] = allocate(name, None, value)
         self.storage = EpisodeBatch(**fields)  # [capacity, L + 1, ...]
         self.index = 0
         self.size = 0
 
-    def _allocate(self, name: str, key: str | None, x: Tensor) -> Tensor:
-        shape = (self.capacity, x.shape[0], *x.shape[2:])
-        if name in COMPACT_FIELDS and x.is_floating_point():
-            self.wide[(name, key)] = x.dtype
-            return x.new_zeros(shape, dtype=torch.uint8)
-        return x.new_zeros(shape)
-
-    def _keys(self) -> list[tuple[str, str | None]]:
-        """Every stored tensor's field and group (``None`` outside per-group fields)."""
-        out: list[tuple[str, str | None]] = []
+    def _stored(self) -> list[tuple[str, str | None, Tensor]]:
+        """Every stored tensor with its field and group (``None`` outside per-group fields)."""
+        out: list[tuple[str, str | None, Tensor]] = []
         for name, dst in self.storage.fields().items():
-            out.extend([(name, k) for k in dst] if isinstance(dst, dict) else [(name, None)])
-        return out
-
-    def _get(self, name: str, key: str | None) -> Tensor:
-        field = getattr(self.storage, name)
-        return field if key is None else field[key]
-
-    def _widen(self, name: str, key: str | None, keep: bool) -> Tensor:
-        """Turn a tensor stored as bytes into float storage and return it: its stored values
-        converted (``keep``: memory holds both for a moment), or zeros allocated after the
-        bytes are let go (nothing stored yet, or all of it about to be overwritten)."""
-        dtype = self.wide.pop((name, key))
-        field = getattr(self.storage, name)
-        narrow = self._get(name, key)
-        if keep:
-            wide = narrow.to(dtype)
-        else:
-            shape, device = narrow.shape, narrow.device
-            del narrow
-            if key is None:
-                setattr(self.storage, name, None)
+            if isinstance(dst, dict):
+                out.extend((name, k, v) for k, v in dst.items())
             else:
-                field[key] = None
-            wide = torch.zeros(shape, dtype=dtype, device=device)
-        if key is None:
-            setattr(self.storage, name, wide)
-        else:
-            field[key] = wide
-        return wide
+                out.append((name, None, dst))
+        return out
 
     def add(self, episodes: EpisodeBatch) -> None:
         """Store the ``B`` episodes of a time-major batch ``[L + 1, B, ...]``."""
@@ -244,11 +219,10 @@ class EpisodeBuffer:
         dev = episodes.filled.device
         slots = (self.index + torch.arange(B, device=dev)) % self.capacity
         new = episodes.fields()
-        for name, key in self._keys():
+        for name, key, dst in self._stored():
             value = new[name] if key is None else new[name][key]
-            if (name, key) in self.wide and not fits_bytes(value):
-                self._widen(name, key, keep=self.size > 0)
-            dst = self._get(name, key)
+            if (name, key) in self.wide:
+                check_bytes(value, name if key is None else f"{name} of {key}")
             dst[slots] = value.transpose(0, 1).to(dst.dtype)
         self.index = (self.index + B) % self.capacity
         self.size = min(self.size + B, self.capacity)
@@ -278,12 +252,12 @@ class EpisodeBuffer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s episodes, stored as bytes or as floats (a checkpoint
-        written before the byte storage, or of a field that had turned to floats)."""
+        written before the byte storage); values outside 0-255 for byte storage raise
+        :class:`ValueError`."""
         self.index, self.size = int(state["index"]), int(state["size"])
         stored = state["episodes"]
-        for name, key in self._keys():
+        for name, key, dst in self._stored():
             value = stored[name] if key is None else stored[name][key]
-            if (name, key) in self.wide and not fits_bytes(value):
-                self._widen(name, key, keep=False)
-            dst = self._get(name, key)
+            if (name, key) in self.wide:
+                check_bytes(value, name if key is None else f"{name} of {key}")
             dst[: self.size] = value.to(dst.dtype)

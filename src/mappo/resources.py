@@ -50,11 +50,9 @@ def env_state_bytes(env: Any) -> int:
 def buffer_step_bytes(spec: EnvSpec) -> int:
     """Bytes of one step of one stored episode in the value family's replay buffer
     (:class:`~mappo.data.EpisodeBatch`): float32 observations and state, bool masks and flags,
-    int64 actions; no agent-specific state. The buffer keeps observations and states as bytes
-    while their values fit in one (Hanabi's 0/1 encodings: a quarter of this for them), but
-    turns them to float32 at the first value that does not (on the first episodes of envs
-    with fractional values, before anything is stored), so the float32 size is what a run must
-    be ready for."""
+    int64 actions; no agent-specific state. An env that declares byte observations (Hanabi)
+    has them and its states stored as bytes: this counts float32 for them, four times what such
+    a buffer takes."""
     total = 4 * math.prod(spec.state_shape) + 4 + 3  # state, reward, terminated/truncated/filled
     for g in spec.groups.values():
         per_agent = 4 * math.prod(g.obs_shape) + 1 + 8 * g.action.num_heads  # obs, alive, actions

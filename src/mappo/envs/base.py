@@ -80,6 +80,10 @@ class BatchedEnv(abc.ABC):
     device: torch.device
     name: str = "env"
     validate_actions: bool = True
+    byte_observations: bool = False
+    """Whether every observation and global state value this env returns is a whole number from
+    0 to 255 (Hanabi's 0/1 encodings): the value family's replay buffer then stores them as
+    bytes, a quarter of float32 (:class:`~mappo.episodes.EpisodeBuffer`)."""
 
     def __init__(self, num_envs: int, device: str | torch.device = "cpu", seed: int = 0) -> None:
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:

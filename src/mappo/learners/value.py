@@ -50,7 +50,9 @@ class ValueLearner:
         self.env = env
         self.tracker = EpisodeTracker.create(env.num_envs, env.spec.stat_names, self.device)
         self.collector = EpisodeCollector(env, self.policy, self.act_gen, self.tracker)
-        self.buffer = EpisodeBuffer(self.collector.batch, self.algo.buffer_size)
+        self.buffer = EpisodeBuffer(
+            self.collector.batch, self.algo.buffer_size, env.byte_observations
+        )
         self.episodes = 0
         self.last_target_update = 0
         self.epsilon = self.algo.epsilon_start

@@ -55,6 +55,8 @@ MOVE_KINDS = ("discards", "plays", "hints")
 class HanabiEnv(BatchedEnv):
     """``num_envs`` Hanabi games of ``rules``; one group ``players`` of ``P`` agents."""
 
+    byte_observations = True  # the canonical encodings and the global state are all 0/1
+
     def __init__(
         self,
         num_envs: int = 1,
