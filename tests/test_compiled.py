@@ -63,10 +63,12 @@ def _assert_same(eager: tuple, compiled: tuple) -> None:
         # feed-forward, one group, the preset of JaxMARL's settings
         ("mpe/simple_spread_jaxmarl_ff", {}),
         # recurrent actors and critics, two groups, PopArt, chunks that need padding (8 x 16
-        # steps in chunks of 10), states injected where a chunk enters the next env
-        ("mpe/simple_speaker_listener", {"algo.value_norm": "popart"}),
+        # steps in chunks of 3), states injected where a chunk enters the next env. Short
+        # chunks: the compiled loss unrolls the recurrence, and every step of it adds kernels
+        # to the cold compile (chunks of 10 took several minutes here).
+        ("mpe/simple_speaker_listener", {"algo.value_norm": "popart", "algo.data_chunk_length": 3}),
         # a continuous group (tanh-squashed Gaussian)
-        ("mpe/simple_spread_continuous", {}),
+        ("mpe/simple_spread_continuous", {"algo.data_chunk_length": 4}),
     ],
 )
 def test_compiled_updates_equal_eager(preset, overrides):
@@ -758,7 +760,9 @@ def test_the_bench_does_not_split_off_an_env_step_compiled_with_the_policy(num_s
     env / acting split."""
     from mappo.bench.train import format_report, run_train_bench
 
-    over = {**SMALL, "device": "cpu", "num_seeds": num_seeds}
+    # A short run: the env step is fused with the policy step all the same, without the
+    # rollout blocks that only long runs compile (BLOCK_MIN_ROLLOUT_STEPS).
+    over = {**SMALL, "device": "cpu", "num_seeds": num_seeds, "total_env_steps": 100_000}
     for setting in ("off", "on"):
         cfg = config_mod.load("mpe/simple_spread_jaxmarl_ff", {**over, "compile": setting})
         report = run_train_bench(cfg, iterations=1)
