@@ -44,12 +44,20 @@ def test_estimate_grows_with_the_fields_that_size_it():
     assert big["eval_episodes"] == small["eval_episodes"]
 
 
-@pytest.mark.parametrize("preset", ["smac/3m_qmix", "mpe/simple_spread_qmix"])
-def test_buffer_estimate_matches_the_real_buffer(preset):
+@pytest.mark.parametrize(
+    ("preset", "extra"),
+    [
+        ("smac/3m_qmix", []),
+        ("mpe/simple_spread_qmix", []),
+        # observations and states kept as bytes (the env declares byte observations)
+        ("hanabi/full-2p_fast", ["algo.name=vdn", "env.name=hanabi/very-small-2p"]),
+    ],
+)
+def test_buffer_estimate_matches_the_real_buffer(preset, extra):
     """The estimate is what the replay buffer really allocates (a lower bound, never more)."""
     from mappo.learners import make_learner
 
-    cfg = C.load(preset, ["algo.buffer_size=64", "env.num_envs=2"])
+    cfg = C.load(preset, ["algo.buffer_size=64", "env.num_envs=2", *extra])
     with make(cfg.env.name, num_envs=cfg.env.num_envs, **cfg.env.kwargs) as env:
         learner = make_learner(cfg, env)
         real = sum(
@@ -57,8 +65,8 @@ def test_buffer_estimate_matches_the_real_buffer(preset):
             for v in learner.buffer.storage.fields().values()
             for t in (v.values() if isinstance(v, dict) else [v])
         )
-        estimate = estimate_bytes(cfg, env.spec, env_state_bytes(env))["algo.buffer_size"]
-    assert estimate == real
+        estimate = estimate_bytes(cfg, env.spec, env_state_bytes(env), env.byte_observations)
+    assert estimate["algo.buffer_size"] == real
 
 
 def test_memory_problem_names_the_biggest_part():

@@ -47,24 +47,28 @@ def env_state_bytes(env: Any) -> int:
     return sum(t.numel() * t.element_size() for t in state.values()) // max(env.num_envs, 1)
 
 
-def buffer_step_bytes(spec: EnvSpec) -> int:
-    """Bytes of one step of one stored episode in the value family's replay buffer
-    (:class:`~mappo.data.EpisodeBatch`): float32 observations and state, bool masks and flags,
-    int64 actions; no agent-specific state. An env that declares byte observations (Hanabi)
-    has them and its states stored as bytes: this counts float32 for them, four times what such
-    a buffer takes."""
-    total = 4 * math.prod(spec.state_shape) + 4 + 3  # state, reward, terminated/truncated/filled
+def buffer_step_bytes(spec: EnvSpec, byte_observations: bool = False) -> int:
+    """Bytes of one step of one stored episode (:class:`~mappo.data.EpisodeBatch`): float32
+    observations and state (one byte each where the env declares ``byte_observations`` and the
+    replay buffer stores them as bytes), bool masks and flags, int64 actions; no agent-specific
+    state."""
+    value = 1 if byte_observations else 4
+    total = value * math.prod(spec.state_shape) + 4 + 3  # state, reward, term./trunc./filled
     for g in spec.groups.values():
-        per_agent = 4 * math.prod(g.obs_shape) + 1 + 8 * g.action.num_heads  # obs, alive, actions
+        per_agent = value * math.prod(g.obs_shape) + 1 + 8 * g.action.num_heads  # obs, alive, act.
         if g.has_action_mask:
             per_agent += g.action.total
         total += g.num_agents * per_agent
     return total
 
 
-def estimate_bytes(cfg: Any, spec: EnvSpec, state_bytes: int) -> dict[str, int]:
+def estimate_bytes(
+    cfg: Any, spec: EnvSpec, state_bytes: int, byte_observations: bool = False
+) -> dict[str, int]:
     """Estimated bytes per part of a run of ``cfg``: ``{"env.num_envs": ..., "eval_episodes":
-    ..., "algo.buffer_size": ...}`` (the keys name the config field that sizes each part)."""
+    ..., "algo.buffer_size": ...}`` (the keys name the config field that sizes each part).
+    ``byte_observations``: the env's declaration (:class:`~mappo.envs.base.BatchedEnv`), with
+    which the replay buffer keeps observations and states in a byte each."""
     step = step_bytes(spec)
     episode = (spec.episode_limit + 1) * buffer_step_bytes(spec)
     num_envs = cfg.env.num_envs
@@ -78,7 +82,8 @@ def estimate_bytes(cfg: Any, spec: EnvSpec, state_bytes: int) -> dict[str, int]:
     }
     buffer_size = getattr(cfg.algo, "buffer_size", 0) if cfg.family == "value" else 0
     if buffer_size:
-        parts["algo.buffer_size"] = buffer_size * episode
+        stored = (spec.episode_limit + 1) * buffer_step_bytes(spec, byte_observations)
+        parts["algo.buffer_size"] = buffer_size * stored
     return parts
 
 
@@ -108,11 +113,14 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def memory_problem(cfg: Any, spec: EnvSpec, state_bytes: int, free: int | None) -> str | None:
-    """A one-line refusal if the run's estimate exceeds the free memory, else None."""
+def memory_problem(
+    cfg: Any, spec: EnvSpec, state_bytes: int, free: int | None, byte_observations: bool = False
+) -> str | None:
+    """A one-line refusal if the run's estimate (:func:`estimate_bytes`) exceeds the free
+    memory, else None."""
     if free is None:
         return None
-    parts = estimate_bytes(cfg, spec, state_bytes)
+    parts = estimate_bytes(cfg, spec, state_bytes, byte_observations)
     total = sum(parts.values())
     if total <= _USABLE * free:
         return None

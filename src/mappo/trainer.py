@@ -367,7 +367,9 @@ def _check_memory(cfg: TrainConfig, device: torch.device) -> None:
         kwargs["num_workers"] = 0
     with make_env(cfg.env.name, num_envs=1, device=device, seed=cfg.seed, **kwargs) as probe:
         state_bytes = env_state_bytes(probe) + per_copy
-        problem = memory_problem(cfg, probe.spec, state_bytes, available_bytes(device))
+        problem = memory_problem(
+            cfg, probe.spec, state_bytes, available_bytes(device), probe.byte_observations
+        )
     if problem is not None:
         raise config_mod.ConfigError(problem)
 
