@@ -417,6 +417,11 @@ CASES = [
     Case("bench-env-device", lambda c: ["bench", "env", "--device", "cuda:x"], "device must be"),
     Case("bench-unknown-command", lambda c: ["bench", "frobnicate"], "invalid choice"),
     Case(
+        "bench-env-zero-threads",
+        lambda c: ["bench", "env", "--threads", "0"],
+        "must be a positive integer",
+    ),
+    Case(
         "bench-zero-iterations",
         lambda c: ["bench", "train", "--iterations", "0"],
         "must be a positive integer",

@@ -98,6 +98,27 @@ def test_bench_env_json_rows(capsys):
     assert all(r["steps_per_second"] > 0 for r in rows)
 
 
+def test_bench_env_threads(capsys, monkeypatch):
+    """``--threads`` sets torch's threads for our rows only; the process's setting comes back."""
+    import torch
+
+    import mappo.bench.env as bench_env
+
+    seen = []
+    measure = bench_env.bench_batched
+
+    def recording(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(bench_env, "bench_batched", recording)
+    before = torch.get_num_threads()
+    args = ("bench", "env", "--envs", "hanabi/full-2p", "--num-envs", "4", "--seconds", "0.02")
+    code, out, _ = _run(capsys, *args, "--no-pettingzoo", "--threads", "3", "--json")
+    assert code == 0 and [r["env"] for r in json.loads(out)] == ["hanabi/full-2p"]
+    assert seen == [3] and torch.get_num_threads() == before
+
+
 def test_eval_scripted_baseline(capsys):
     code, out, _ = _run(capsys, "eval", "smac/3m", "--scripted", "--episodes", "4", "--json")
     assert code == 0

@@ -252,6 +252,7 @@ def cmd_bench_env(args: argparse.Namespace) -> int:
         seconds=args.seconds,
         device=args.device,
         include_pettingzoo=not args.no_pettingzoo,
+        num_threads=args.threads,
         compiled=args.compile,
     )
     print(json.dumps(rows) if args.json else format_table(rows))
@@ -461,6 +462,13 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--seconds", type=float, default=2.0, help="timing per row")
     be.add_argument("--device", default="cpu")
     be.add_argument("--no-pettingzoo", action="store_true", help="skip the mpe2 reference row")
+    be.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=1,
+        help="torch threads for our rows (1, the default, is fastest for the particle worlds on "
+        "2 cores; Hanabi at thousands of games gains from more)",
+    )
     be.add_argument(
         "--compile",
         action="store_true",
