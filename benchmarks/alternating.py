@@ -7,11 +7,14 @@ without spaces, passed to every ``torch.compile`` of that trainer through
 in windows of ``--iterations`` iterations that alternate between the trainers, ``--rounds``
 times (the order flips every round). On a VM whose speed wanders by 1.5x within minutes, the
 ratio of two windows measured back to back is steadier than runs in separate processes minutes
-apart. All variants share the process's torch threads (``--threads``).
+apart. All variants share the process's torch threads (``--threads``). The token
+``rollout=float32`` builds that variant's rollout in float32 even where the env declares byte
+observations (``mappo.rollout.stored_dtypes``), to time the byte storage against it.
 
     python benchmarks/alternating.py mpe/simple_spread_jaxmarl_ff \\
         'compile=on inductor={}' 'compile=on inductor={"cpp.use_decompose_tanh":true}' \\
         [--rounds 10] [--iterations 20] [--threads 2] [--json]
+    python benchmarks/alternating.py hanabi/full-2p_fast '' 'rollout=float32' --iterations 2
 """
 
 from __future__ import annotations
@@ -23,11 +26,14 @@ import time
 from typing import Any
 
 
-def parse_variant(text: str) -> tuple[list[str], dict[str, Any] | None]:
-    """A variant's config overrides and its inductor options (``None``: the library's own)."""
-    overrides, options = [], None
+def parse_variant(text: str) -> tuple[list[str], dict[str, Any] | None, bool]:
+    """A variant's config overrides, its inductor options (``None``: the library's own) and
+    whether its rollout stores float32 whatever the env declares."""
+    overrides, options, float_rollout = [], None, False
     for token in text.split():
-        if token.startswith("inductor="):
+        if token == "rollout=float32":
+            float_rollout = True
+        elif token.startswith("inductor="):
             options = json.loads(token[len("inductor=") :])
             if not isinstance(options, dict):
                 raise SystemExit(f"inductor= takes a JSON object, got {token!r}")
@@ -35,7 +41,7 @@ def parse_variant(text: str) -> tuple[list[str], dict[str, Any] | None]:
             raise SystemExit("the variants share the process's threads: use --threads")
         else:
             overrides.append(token)
-    return overrides, options
+    return overrides, options, float_rollout
 
 
 def summarise(names: list[str], windows: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
@@ -67,7 +73,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
-    from mappo import compiled
+    import torch
+
+    from mappo import compiled, rollout
     from mappo import config as config_mod
     from mappo.trainer import Trainer
 
@@ -75,14 +83,18 @@ def main() -> None:
     learners: dict[str, Any] = {}
     counters: dict[str, int] = {}
     for text in args.variants:
-        overrides, options = parse_variant(text)
+        overrides, options, float_rollout = parse_variant(text)
         compiled.CPU_OPTIONS = library_options if options is None else options
+        stored = rollout.stored_dtypes
+        if float_rollout:
+            rollout.stored_dtypes = lambda env, source: (torch.float32, torch.float32)
         # a budget far beyond the windows, so that no schedule ends or anneals to zero
         cfg = config_mod.load(
             args.preset,
             [*overrides, f"threads={args.threads}", "total_env_steps=1000000000"],
         )
         learner = Trainer(cfg).learner
+        rollout.stored_dtypes = stored
         for i in range(args.warmup):
             learner.iterate(i, 0)
         learners[text], counters[text] = learner, args.warmup

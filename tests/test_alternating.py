@@ -40,9 +40,14 @@ def test_variants_are_overrides_with_optional_inductor_options() -> None:
     assert module.parse_variant("compile=on model.precision=bf16") == (
         ["compile=on", "model.precision=bf16"],
         None,
+        False,
     )
-    overrides, options = module.parse_variant('compile=on inductor={"cpp.use_decompose_tanh":true}')
+    overrides, options, floats = module.parse_variant(
+        'compile=on inductor={"cpp.use_decompose_tanh":true}'
+    )
     assert overrides == ["compile=on"] and options == {"cpp.use_decompose_tanh": True}
+    assert not floats
+    assert module.parse_variant("rollout=float32 seed=2") == (["seed=2"], None, True)
     with pytest.raises(SystemExit, match="--threads"):
         module.parse_variant("compile=on threads=1")
     with pytest.raises(SystemExit, match="JSON object"):
@@ -65,3 +70,34 @@ def test_a_tiny_comparison_runs_end_to_end(
     assert out["preset"] == "mpe/simple_spread" and list(rows) == argv[2:4]
     for row in rows.values():
         assert len(row["ratio_to_first"]) == 2 and row["total"] > 0 and row["update"] > 0
+
+
+def test_a_float_rollout_variant_against_the_byte_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``rollout=float32`` builds its trainer's rollout in float32 (Hanabi's default storage is
+    bytes) and leaves the library's choice in place for the other variants."""
+    from mappo import rollout
+    from mappo.learners import ppo
+
+    module = load("alternating")
+    small = "env.name=hanabi/small-2p env.num_envs=2 rollout_length=4 algo.epochs=1"
+    argv = ["alternating.py", "hanabi/full-2p_fast", small, f"{small} rollout=float32"]
+    argv += ["--rounds", "1", "--iterations", "1", "--warmup", "1", "--threads", "1", "--json"]
+    made = []
+    allocate = rollout.allocate
+
+    def recording(policy, env, length, bootstrap):
+        ro = allocate(policy, env, length, bootstrap)
+        made.append(ro.groups["players"].obs.dtype)
+        return ro
+
+    monkeypatch.setattr(ppo, "allocate", recording)
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.chdir(tmp_path)
+    choice = rollout.stored_dtypes
+    module.main()
+    assert made == [rollout.torch.uint8, rollout.torch.float32]
+    assert rollout.stored_dtypes is choice
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["ms_per_iteration"]
+    assert list(rows) == argv[2:4]

@@ -630,3 +630,70 @@ def test_the_paper_observation_is_the_paper_codes(variant, policy, steps, every)
         assert short > 0  # hands with empty slots were checked
     with pytest.raises(EnvError, match="observation must be"):
         make("hanabi/full-2p", num_envs=1, observation="belief")
+
+
+@pytest.mark.parametrize(
+    ("preset", "extra"),
+    [
+        ("hanabi/full-2p_fast", {}),  # feed-forward: the losses take the acting rows only
+        ("hanabi/full-2p", {"model.hidden_sizes": [32], "algo.epochs": 2}),  # GRU on chunks
+    ],
+)
+def test_rollouts_keep_observations_as_bytes_and_learn_the_same(monkeypatch, preset, extra):
+    """Hanabi declares byte observations: MAPPO's rollout stores its observations and critic
+    inputs as bytes (a quarter of float32), the networks read them as floats, and training
+    is bit for bit what float storage gives."""
+    from mappo import config as C
+    from mappo.envs.hanabi.env import HanabiEnv
+    from mappo.trainer import Trainer
+
+    cfg = C.load(
+        preset,
+        {
+            "env.name": "hanabi/small-2p",
+            "env.num_envs": 8,
+            "rollout_length": 20,
+            "threads": 1,
+            "progress": False,
+            "tensorboard": False,
+            **extra,
+        },
+    )
+
+    def run() -> tuple[dict[str, torch.dtype], dict[str, torch.Tensor]]:
+        trainer = Trainer(cfg)
+        for _ in range(2):
+            trainer.iterate()
+        buf = trainer.learner.collector.rollout.groups["players"]
+        dtypes = {"obs": buf.obs.dtype, "critic_x": buf.critic_x.dtype}
+        params = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
+        trainer.close()
+        return dtypes, params
+
+    as_bytes, params = run()
+    monkeypatch.setattr(HanabiEnv, "byte_observations", False)
+    as_floats, float_params = run()
+    assert as_bytes == {"obs": torch.uint8, "critic_x": torch.uint8}
+    assert as_floats == {"obs": torch.float32, "critic_x": torch.float32}
+    for k, v in params.items():
+        torch.testing.assert_close(v, float_params[k], rtol=0, atol=0, msg=k)
+
+
+def test_an_env_that_breaks_its_byte_declaration_is_refused(monkeypatch):
+    """An env that declares byte observations but returns other values is stopped at the first
+    step of a rollout with a one-line error (a byte rollout would truncate them)."""
+    from mappo import config as C
+    from mappo.trainer import Trainer
+
+    with make("mpe/simple_spread", num_envs=1) as env:
+        kind = type(env)
+    monkeypatch.setattr(kind, "byte_observations", True)
+    cfg = C.load(
+        "mpe/simple_spread_fast",
+        {"env.num_envs": 4, "rollout_length": 5, "threads": 1, "progress": False},
+    )
+    trainer = Trainer(cfg)
+    with pytest.raises(EnvError, match="declares byte_observations") as err:
+        trainer.iterate()
+    trainer.close()
+    assert "\n" not in str(err.value)

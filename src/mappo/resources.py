@@ -26,16 +26,19 @@ _PPO_COPIES = 3
 _USABLE = 0.9
 
 
-def step_bytes(spec: EnvSpec) -> int:
+def step_bytes(spec: EnvSpec, byte_observations: bool = False) -> int:
     """Bytes of one env's step record: observations, agent states, action masks, rewards,
-    flags and the global state."""
-    numbers = math.prod(spec.state_shape) + 4
+    flags and the global state; with ``byte_observations`` (the env's declaration) the
+    observations and the global state a byte each, as MAPPO's rollout stores them."""
+    value = 1 if byte_observations else _FLOAT
+    total = value * math.prod(spec.state_shape) + 4 * _FLOAT
     for g in spec.groups.values():
-        per_agent = math.prod(g.obs_shape) + g.action.total + g.action.num_heads + 4
+        per_agent = (g.action.total + g.action.num_heads + 4) * _FLOAT
+        per_agent += value * math.prod(g.obs_shape)
         if g.agent_state_shape is not None:
-            per_agent += math.prod(g.agent_state_shape)
-        numbers += g.num_agents * per_agent
-    return numbers * _FLOAT
+            per_agent += math.prod(g.agent_state_shape) * _FLOAT
+        total += g.num_agents * per_agent
+    return total
 
 
 def env_state_bytes(env: Any) -> int:
@@ -68,12 +71,13 @@ def estimate_bytes(
     """Estimated bytes per part of a run of ``cfg``: ``{"env.num_envs": ..., "eval_episodes":
     ..., "algo.buffer_size": ...}`` (the keys name the config field that sizes each part).
     ``byte_observations``: the env's declaration (:class:`~mappo.envs.base.BatchedEnv`), with
-    which the replay buffer keeps observations and states in a byte each."""
+    which MAPPO's rollout and the replay buffer keep observations and states in a byte each."""
     step = step_bytes(spec)
     episode = (spec.episode_limit + 1) * buffer_step_bytes(spec)
     num_envs = cfg.env.num_envs
     if cfg.family == "ppo":
-        train = num_envs * (state_bytes + (cfg.rollout_length + 1) * step * _PPO_COPIES)
+        stored = step_bytes(spec, byte_observations)
+        train = num_envs * (state_bytes + (cfg.rollout_length + 1) * stored * _PPO_COPIES)
     else:  # whole episodes are collected, then copied into the buffer
         train = num_envs * (state_bytes + 2 * episode)
     parts = {

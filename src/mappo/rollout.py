@@ -16,7 +16,7 @@ from torch import Tensor
 
 from mappo.acting import Acted
 from mappo.data import EnvStep, GroupBuffer, Rollout, step_from_dict, step_to_dict
-from mappo.envs.base import BatchedEnv
+from mappo.envs.base import BatchedEnv, EnvError
 from mappo.nn.actor_critic import ActorCritic
 
 
@@ -95,6 +95,17 @@ class EpisodeTracker:
                 setattr(self, f.name, value.to(dev))
 
 
+def stored_dtypes(env: BatchedEnv, critic_source: str) -> tuple[torch.dtype, torch.dtype]:
+    """The dtypes a rollout stores a group's observations and critic inputs in: bytes where
+    the env declares byte observations (:attr:`~mappo.envs.base.BatchedEnv.byte_observations`)
+    and the critic's input is made of them (its global state or the observations, with 0/1
+    death masks and agent ids), float32 otherwise. The networks convert bytes back to float32
+    at their input, so training is unchanged; Hanabi's rollouts take a quarter of the memory."""
+    if not getattr(env, "byte_observations", False):  # (the stacked seeds' env blocks: floats)
+        return torch.float32, torch.float32
+    return torch.uint8, (torch.uint8 if critic_source in ("state", "local") else torch.float32)
+
+
 def allocate(policy: ActorCritic, env: BatchedEnv, length: int, bootstrap: bool) -> Rollout:
     """Preallocate a rollout of ``length`` steps for ``env`` and ``policy``."""
     E, dev = env.num_envs, env.device
@@ -103,10 +114,12 @@ def allocate(policy: ActorCritic, env: BatchedEnv, length: int, bootstrap: bool)
     for name, group in spec.groups.items():
         n = group.num_agents
         actor, critic = policy.actors[name], policy.critics[name]
-        c = policy.critic_inputs[name].copies
+        ci = policy.critic_inputs[name]
+        c = ci.copies
+        obs_dtype, x_dtype = stored_dtypes(env, ci.source)
         groups[name] = GroupBuffer(
-            obs=torch.zeros(length, E, n, *group.obs_shape, device=dev),
-            critic_x=torch.zeros(length, E, c, critic.in_features, device=dev),
+            obs=torch.zeros(length, E, n, *group.obs_shape, dtype=obs_dtype, device=dev),
+            critic_x=torch.zeros(length, E, c, critic.in_features, dtype=x_dtype, device=dev),
             actor_state=torch.zeros(length, E, n, actor.state_size, device=dev),
             critic_state=torch.zeros(length, E, c, critic.state_size, device=dev),
             actions=torch.zeros(
@@ -319,6 +332,8 @@ class Collector:
                 continue
             ro.starts[t] = self.starts
             for name, buf in ro.groups.items():
+                if t == 0 and not buf.obs.is_floating_point():
+                    _check_bytes(self.env, self.step.obs[name], f"group '{name}' observations")
                 buf.obs[t] = self.step.obs[name]
                 buf.alive[t] = self.step.alive[name]
                 if buf.action_mask is not None:
@@ -350,6 +365,8 @@ class Collector:
             for name, buf in ro.groups.items():
                 buf.actions[t] = acted.actions[name]
                 buf.log_probs[t] = acted.log_probs[name]
+                if t == 0 and not buf.critic_x.is_floating_point():
+                    _check_bytes(self.env, critic_x[name], f"group '{name}' critic inputs")
                 buf.critic_x[t] = critic_x[name]
                 if stepwise[name]:
                     buf.values[t] = values[name]
@@ -415,6 +432,8 @@ class Collector:
                     final_x[name].extend(records)
                     continue
                 out = buf.final_values if key == "final" else getattr(buf, key)
+                if t == 0 and key in ("obs", "critic_x") and out.dtype == torch.uint8:
+                    _check_bytes(self.env, records[0], f"group '{name}' {key}")
                 _stack_into(out[span], records)
         self.starts = starts
         return True
@@ -453,6 +472,17 @@ class Collector:
         self.critic_states = {k: v.to(dev) for k, v in state["critic_states"].items()}
         self.starts = state["starts"].to(dev)
         self.tracker.load_state_dict(state["tracker"])
+
+
+def _check_bytes(env: BatchedEnv, x: Tensor, what: str) -> None:
+    """Refuse values a byte rollout cannot hold (one check per rollout, on its first step: the
+    env's declaration is trusted for the rest)."""
+    if x.is_floating_point() and bool(((x < 0) | (x > 255) | (x != x.round())).any()):
+        raise EnvError(
+            f"{env.name}: declares byte_observations, but its {what} hold values that are not "
+            "whole numbers from 0 to 255; return such values only, or set byte_observations "
+            "= False"
+        )
 
 
 def _stack_into(dest: Tensor, records: list[Tensor]) -> None:

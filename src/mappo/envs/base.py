@@ -82,8 +82,9 @@ class BatchedEnv(abc.ABC):
     validate_actions: bool = True
     byte_observations: bool = False
     """Whether every observation and global state value this env returns is a whole number from
-    0 to 255 (Hanabi's 0/1 encodings): the value family's replay buffer then stores them as
-    bytes, a quarter of float32 (:class:`~mappo.episodes.EpisodeBuffer`)."""
+    0 to 255 (Hanabi's 0/1 encodings): MAPPO's rollout (:func:`~mappo.rollout.stored_dtypes`) and
+    the value family's replay buffer (:class:`~mappo.episodes.EpisodeBuffer`) then store them as
+    bytes, a quarter of float32. A rollout checks its first step's values and refuses others."""
 
     def __init__(self, num_envs: int, device: str | torch.device = "cpu", seed: int = 0) -> None:
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:

@@ -68,6 +68,12 @@ def _precision(bf16: bool, x: Tensor) -> contextlib.AbstractContextManager:
     return torch.autocast(x.device.type, dtype=torch.bfloat16)
 
 
+def _as_float(x: Tensor) -> Tensor:
+    """Network inputs stored as bytes (a rollout of an env with byte observations) as float32;
+    float inputs as they are."""
+    return x if x.is_floating_point() else x.float()
+
+
 Policy = MultiCategorical | DiagGaussian
 """A group's action distribution: categorical heads, or a Gaussian over a box."""
 
@@ -137,7 +143,7 @@ class Actor(nn.Module):
         :class:`~mappo.nn.layers.RecurrentCore`). Continuous groups have no mask."""
         dtype = state.dtype
         with _precision(self.bf16, obs):
-            x = self._inputs(obs, starts.dim())
+            x = _as_float(self._inputs(obs, starts.dim()))
             h, state = self.trunk(x, state, starts, inject)
             out = self.head(h)
         return self._policy(out.float(), mask), state.to(dtype)
@@ -155,7 +161,8 @@ class Actor(nn.Module):
         row-major order. Only for a :attr:`rowwise` actor (the loss uses it to skip the rows
         its masks leave out, e.g. the players who wait for their turn)."""
         with _precision(self.bf16, obs):
-            x = self._inputs(obs, rows.dim() - 1)[rows]  # [K, in]
+            # the rows picked before a byte rollout's conversion: only they are converted
+            x = _as_float(self._inputs(obs, rows.dim() - 1)[rows])  # [K, in]
             out = self.head(self.trunk.mlp(x))
         return self._policy(out.float(), None if mask is None else mask[rows])
 
@@ -163,7 +170,7 @@ class Actor(nn.Module):
         """``obs [*lead dims, n, *obs_shape]`` flattened to ``[*lead, n, in]``, agent id added."""
         x = obs.flatten(lead + 1) if obs.dim() > lead + 2 else obs
         if self.agent_id:
-            x = torch.cat([x, self.eye.expand(*x.shape[:-1], -1)], -1)
+            x = torch.cat([_as_float(x), self.eye.expand(*x.shape[:-1], -1)], -1)
         return x
 
     def _policy(self, out: Tensor, mask: Tensor | None) -> Policy:
@@ -208,6 +215,7 @@ class Critic(nn.Module):
         self, x: Tensor, state: Tensor, starts: Tensor, inject: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         dtype = state.dtype
+        x = _as_float(x)
         with _precision(self.bf16, x):
             h, state = self.trunk(x, state, starts, inject)
             v = self.head(h)
@@ -222,7 +230,7 @@ class Critic(nn.Module):
         """Normalised values ``[K]`` at the rows ``rows`` (bool ``[L, *B, C]``) of ``x [L, *B, C,
         in]`` only, in row-major order; for a :attr:`rowwise` critic."""
         with _precision(self.bf16, x):
-            v = self.head(self.trunk.mlp(x[rows]))
+            v = self.head(self.trunk.mlp(_as_float(x[rows])))
         return v.float().squeeze(-1)
 
     def denormalize(self, v: Tensor) -> Tensor:
