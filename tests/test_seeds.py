@@ -70,6 +70,12 @@ CASES = {
     ),
     # a Gaussian policy with per-agent parameters
     "continuous_per_agent": ("mpe/simple_spread_continuous", {"model.share_params": False}),
+    # turn-based play (one acting player, the losses on its rows) and a rollout in bytes; tanh
+    # for the reason above
+    "hanabi_bytes": (
+        "hanabi/full-2p_fast",
+        {"env.name": "hanabi/small-2p", "model.hidden_sizes": [32, 32], "model.activation": "tanh"},
+    ),
 }
 
 
@@ -81,6 +87,8 @@ def test_each_seed_learns_what_its_single_run_learns(case):
     blocks = make_seed_envs(cfgs, torch.device(DEVICE))
     stacked = StackedPPOLearner(cfgs, blocks)
     singles = [Trainer(c) for c in cfgs]
+    if case == "hanabi_bytes":
+        assert stacked.collector.rollout.groups["players"].obs.dtype == torch.uint8
     try:
         for it in range(3):
             results = stacked.iterate(it, 0)

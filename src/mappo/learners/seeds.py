@@ -100,6 +100,9 @@ class SeedBlocks:
         self.per_seed = envs[0].num_envs
         self.num_envs = self.per_seed * len(envs)
         self.device = envs[0].device
+        self.name = envs[0].name
+        # the rollout stores byte observations as bytes (mappo.rollout.stored_dtypes)
+        self.byte_observations = envs[0].byte_observations
 
     def rows(self, k: int) -> slice:
         """Seed ``k``'s rows of the batch."""
