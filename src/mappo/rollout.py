@@ -101,7 +101,7 @@ def stored_dtypes(env: BatchedEnv, critic_source: str) -> tuple[torch.dtype, tor
     and the critic's input is made of them (its global state or the observations, with 0/1
     death masks and agent ids), float32 otherwise. The networks convert bytes back to float32
     at their input, so training is unchanged; Hanabi's rollouts take a quarter of the memory."""
-    if not getattr(env, "byte_observations", False):  # (the stacked seeds' env blocks: floats)
+    if not env.byte_observations:
         return torch.float32, torch.float32
     return torch.uint8, (torch.uint8 if critic_source in ("state", "local") else torch.float32)
 
