@@ -62,11 +62,15 @@ def _assert_same(eager: tuple, compiled: tuple) -> None:
     [
         # feed-forward, one group, the preset of JaxMARL's settings
         ("mpe/simple_spread_jaxmarl_ff", {}),
-        # recurrent actors and critics, two groups, PopArt, chunks that need padding (8 x 16
-        # steps in chunks of 3), states injected where a chunk enters the next env. Short
+        # recurrent actors and critics, two groups, PopArt, chunks that need padding (8 x 17
+        # steps in 46 chunks of 3), states injected where a chunk enters the next env. Short
         # chunks: the compiled loss unrolls the recurrence, and every step of it adds kernels
-        # to the cold compile (chunks of 10 took several minutes here).
-        ("mpe/simple_speaker_listener", {"algo.value_norm": "popart", "algo.data_chunk_length": 3}),
+        # to the cold compile (chunks of 10 took several minutes here). Mini-batches of one
+        # size (23 chunks): each size is a graph of its own.
+        (
+            "mpe/simple_speaker_listener",
+            {"algo.value_norm": "popart", "algo.data_chunk_length": 3, "rollout_length": 17},
+        ),
         # a continuous group (tanh-squashed Gaussian)
         ("mpe/simple_spread_continuous", {"algo.data_chunk_length": 4}),
     ],

@@ -133,13 +133,24 @@ def _chunk(x: Tensor, length: int) -> Tensor:
     return flat.reshape(flat.shape[0] // length, length, *flat.shape[1:]).transpose(0, 1)
 
 
-def make_samples(policy: ActorCritic, ro: Rollout, cfg: AlgoConfig, recurrent: bool) -> Samples:
+def make_samples(
+    policy: ActorCritic,
+    ro: Rollout,
+    cfg: AlgoConfig,
+    recurrent: bool,
+    always_inject: bool = False,
+) -> Samples:
     """Returns, advantage normalisation and chunking: the one place the rollout is flattened.
 
     Recurrent networks train on chunks of ``data_chunk_length`` steps that start from the stored
     recurrent state (the MAPPO paper's chunked recurrent training); where a chunk crosses into
     the next env, the state is reset there, to zeros at an episode start and to that env's stored
     state otherwise. Feed-forward networks use chunks of one step.
+
+    ``always_inject``: give recurrent samples their injected states even where all are zero
+    (``None`` otherwise, which the eager loss skips). A compiled loss is specialised on which
+    it gets: with the tensor every time it compiles once instead of twice for envs whose
+    episodes sometimes start with a rollout and sometimes not.
     """
     T, E = ro.starts.shape
     L = cfg.data_chunk_length if recurrent else 1
@@ -160,7 +171,7 @@ def make_samples(policy: ActorCritic, ro: Rollout, cfg: AlgoConfig, recurrent: b
     inject = _chunk(first_step, L) & ~starts
     inject[0] = False  # a chunk's first step already starts from the stored state
     # One host check per update: on aligned episodes (the particle world) nothing is injected.
-    needs_inject = recurrent and bool(inject.any())
+    needs_inject = recurrent and (always_inject or bool(inject.any()))
 
     def injected(stored: Tensor) -> Tensor | None:
         if not needs_inject:

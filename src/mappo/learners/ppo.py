@@ -146,7 +146,9 @@ class PPOLearner:
         rollout = self.collector.collect()
         t1 = time.perf_counter()
         self.policy.train()
-        samples = make_samples(self.policy, rollout, cfg.algo, self.recurrent)
+        samples = make_samples(
+            self.policy, rollout, cfg.algo, self.recurrent, always_inject=self.terms_fn is not None
+        )
         losses = update(
             self.policy,
             samples,
