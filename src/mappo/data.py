@@ -205,6 +205,26 @@ class EnvStep:
         return self.terminated | self.truncated
 
 
+def check_bytes(x: Tensor, what: str, whole: bool = False) -> None:
+    """Raise :class:`ValueError` where ``x`` holds a value outside 0-255 or NaN: the cheap half
+    of the byte contract (``BatchedEnv.byte_observations``; one pass, one host sync), which the
+    replay buffer checks on every add. ``whole``: also refuse fractions (a few passes more; a
+    rollout checks its first step so). Unchecked fractions are truncated by the byte storage."""
+    if x.numel() == 0 or x.dtype in (torch.uint8, torch.bool):
+        return
+    lo, hi = torch.aminmax(x.detach())
+    problem = None
+    if not (float(lo) >= 0 and float(hi) <= 255):
+        problem = f"values from {float(lo)} to {float(hi)}"
+    elif whole and bool((x != x.round()).any()):
+        problem = "values that are not whole numbers"
+    if problem is not None:
+        raise ValueError(
+            f"the env declares byte_observations=True but its {what} holds {problem} (bytes "
+            "hold whole numbers from 0 to 255); set byte_observations=False on the env"
+        )
+
+
 def spec_to_dict(spec: EnvSpec) -> dict[str, Any]:
     """A plain (checkpoint- and YAML-safe) description of ``spec``."""
     return {

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from mappo.acting import Acting, act
-from mappo.data import EpisodeBatch
+from mappo.data import EpisodeBatch, check_bytes
 from mappo.envs.base import BatchedEnv
 from mappo.rollout import EpisodeTracker
 
@@ -154,20 +154,6 @@ COMPACT_FIELDS = ("obs", "state")
 """The :class:`EpisodeBatch` fields that :class:`EpisodeBuffer` stores as bytes for envs that
 declare byte observations: the two that hold nearly all of a buffer's memory (Hanabi: 658
 observation values per agent and 783 state values per step, against 20 action-mask bits)."""
-
-
-def check_bytes(x: Tensor, what: str) -> None:
-    """Raise :class:`ValueError` where ``x`` holds a value outside 0-255 or NaN: the cheap half
-    of the byte contract (one pass, one host sync), checked on every add. Fractions inside the
-    range are not checked (that would cost a few more passes per add): they are truncated."""
-    if x.numel() == 0 or x.dtype in (torch.uint8, torch.bool):
-        return
-    lo, hi = torch.aminmax(x.detach())
-    if not (float(lo) >= 0 and float(hi) <= 255):
-        raise ValueError(
-            f"the env declares byte observations (byte_observations=True) but its {what} holds "
-            f"values from {float(lo)} to {float(hi)}; set byte_observations=False on the env"
-        )
 
 
 class EpisodeBuffer:

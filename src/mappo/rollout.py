@@ -15,7 +15,14 @@ import torch
 from torch import Tensor
 
 from mappo.acting import Acted
-from mappo.data import EnvStep, GroupBuffer, Rollout, step_from_dict, step_to_dict
+from mappo.data import (
+    EnvStep,
+    GroupBuffer,
+    Rollout,
+    check_bytes,
+    step_from_dict,
+    step_to_dict,
+)
 from mappo.envs.base import BatchedEnv, EnvError
 from mappo.nn.actor_critic import ActorCritic
 
@@ -477,12 +484,10 @@ class Collector:
 def _check_bytes(env: BatchedEnv, x: Tensor, what: str) -> None:
     """Refuse values a byte rollout cannot hold (one check per rollout, on its first step: the
     env's declaration is trusted for the rest)."""
-    if x.is_floating_point() and bool(((x < 0) | (x > 255) | (x != x.round())).any()):
-        raise EnvError(
-            f"{env.name}: declares byte_observations, but its {what} hold values that are not "
-            "whole numbers from 0 to 255; return such values only, or set byte_observations "
-            "= False"
-        )
+    try:
+        check_bytes(x, what, whole=True)
+    except ValueError as err:
+        raise EnvError(f"{env.name}: {err}") from err
 
 
 def _stack_into(dest: Tensor, records: list[Tensor]) -> None:
