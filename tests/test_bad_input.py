@@ -362,6 +362,17 @@ CASES = [
     Case("unknown-env", _train("env.name=mpe/nope"), "unknown environment 'mpe/nope'"),
     Case("env-kwarg", _train("env.kwargs.bogus=1"), "bogus"),
     Case("env-bad-value", _train("env.kwargs={num_agents: 0}"), "num_agents"),
+    Case(
+        "hanabi-backend",
+        lambda c: [
+            "train",
+            "hanabi/full-2p_fast",
+            *TINY,
+            f"run_dir={c.tmp / 'runs'}",
+            "env.kwargs.backend=fast",
+        ],
+        "backend must be one of auto, torch, native",
+    ),
     Case("resume-missing", lambda c: ["train", "--resume", str(c.tmp / "nope")], "does not exist"),
     Case(
         "resume-not-a-run",
@@ -468,7 +479,7 @@ def test_bad_input_is_one_line_and_loses_nothing(case: Case, trained, tmp_path, 
 
 def test_there_are_enough_cases():
     """The README quotes this count; the issue asked for the listed cases plus 30 more."""
-    assert len(CASES) >= 77
+    assert len(CASES) >= 79
     assert len({c.id for c in CASES}) == len(CASES)
 
 

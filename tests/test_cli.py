@@ -119,6 +119,26 @@ def test_bench_env_threads(capsys, monkeypatch):
     assert seen == [3] and torch.get_num_threads() == before
 
 
+def test_bench_env_hanabi_backends(capsys, monkeypatch):
+    """``--hanabi-backend torch native``: a row per backend, each env built on it, both compared
+    with OpenSpiel's loop where it is installed."""
+    import mappo.bench.env as bench_env
+
+    built = []
+    measure = bench_env.bench_batched
+
+    def recording(*args, **kwargs):
+        built.append(kwargs.get("backend"))
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(bench_env, "bench_batched", recording)
+    args = ("bench", "env", "--envs", "hanabi/full-2p", "--num-envs", "4", "--seconds", "0.02")
+    code, out, _ = _run(capsys, *args, "--no-pettingzoo", "--hanabi-backend", "torch", "auto")
+    assert code == 0 and built == ["torch", "auto"]
+    assert "hanabi/full-2p (torch)" in out and "hanabi/full-2p (auto)" in out
+    assert bench_env._reference_of("hanabi/full-4p (native)") == "open_spiel:hanabi-4p"
+
+
 def test_eval_scripted_baseline(capsys):
     code, out, _ = _run(capsys, "eval", "smac/3m", "--scripted", "--episodes", "4", "--json")
     assert code == 0

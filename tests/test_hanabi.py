@@ -20,6 +20,9 @@ from mappo.envs.hanabi.game import HanabiGames, HanabiRules
 
 SEED = int(os.environ.get("MAPPO_HANABI_SEED", "0"))
 GAMES = int(os.environ.get("MAPPO_HANABI_GAMES", "1000"))
+BACKEND = os.environ.get("MAPPO_HANABI_BACKEND", "auto")
+"""The games' backend in the comparison with OpenSpiel (``auto``: the C code on a CPU where it
+builds; ``torch``: the tensor code, as on a GPU). Each is also checked against the other below."""
 
 VARIANTS = [
     {"players": 2},
@@ -84,7 +87,7 @@ def test_hanabi_exact(variant):
     assert game.observation_tensor_shape() == [rules.observation_size]
     assert game.num_distinct_actions() == rules.num_moves
     seed = SEED * 1000 + rules.players * 10 + rules.colors
-    ours = HanabiGames(rules, GAMES)
+    ours = HanabiGames(rules, GAMES, backend=BACKEND)
     decks = ours.shuffled_decks(torch.Generator().manual_seed(seed))
     ours.reset(decks)
     rng = np.random.default_rng(seed)
@@ -237,6 +240,135 @@ def test_a_batch_equals_its_games_played_alone():
             assert torch.equal(g.observe(g.state["player"])[0], obs[b])
             for k, v in g.state.items():
                 assert torch.equal(v[0], batch.state[k][b]), k
+
+
+# -- the native (C) backend against the torch one -------------------------------------------------
+
+
+def _native_or_skip() -> None:
+    from mappo.envs.hanabi import native
+
+    if native.library() is None:  # no C compiler: the games step in torch (tested throughout)
+        pytest.skip(f"the native backend cannot be built here: {native.unavailable_reason()}")
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("variant", [*VARIANTS, {"players": 2, "colors": 1, "hand_size": 2}])
+def test_native_games_equal_torch_games(variant, threads):
+    """The C step, legal moves, observations (canonical and the paper's belief) and deals leave
+    every state tensor, reward and view exactly as the torch code does, over random games with a
+    sprinkling of illegal moves (what the step does with those is part of the state too); 600
+    games, so that two threads split them."""
+    _native_or_skip()
+    rules = HanabiRules(**variant)
+    n = 600
+    plain = HanabiGames(rules, n, backend="torch")
+    fast = HanabiGames(rules, n, backend="native")
+    assert plain.native is None and fast.native is not None
+    decks = plain.shuffled_decks(torch.Generator().manual_seed(1))
+    plain.reset(decks)
+    fast.reset(decks)
+    gen = torch.Generator().manual_seed(2)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        ended = 0
+        for t in range(120):
+            legal = plain.legal_moves()
+            assert torch.equal(fast.legal_moves(), legal), f"step {t}"
+            for belief in (False, True):
+                want = plain.observe_all(paper_belief=belief)
+                assert torch.equal(fast.observe_all(paper_belief=belief), want), f"step {t}"
+            weights = legal.float() + (0.02 if t % 3 == 0 else 0.0)  # illegal moves now and then
+            weights[weights.sum(1) == 0] = 1
+            moves = torch.multinomial(weights, 1, generator=gen).squeeze(1)
+            assert torch.equal(fast.step(moves), plain.step(moves)), f"step {t}"
+            for k, v in plain.state.items():
+                assert torch.equal(fast.state[k], v), f"step {t}: {k}"
+            done = plain.state["over"]
+            if bool(done.any()):
+                ids = done.nonzero().squeeze(1)
+                fresh = plain.shuffled_decks(gen, ids.numel())
+                plain.reset_games(ids, fresh)
+                fast.reset_games(ids, fresh)
+                ended += ids.numel()
+                for k, v in plain.state.items():
+                    assert torch.equal(fast.state[k], v), f"step {t}, after the deals: {k}"
+        assert ended > 0
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("observation", ["canonical", "paper"])
+@pytest.mark.parametrize("name", ["hanabi/full-2p", "hanabi/full-3p", "hanabi/small-2p"])
+def test_native_env_steps_equal_torch_env_steps(name, observation):
+    """The env on the C backend returns what it returns on torch: observations, global states,
+    rewards, ends, masks, who acts, the final views of the games that ended and the statistics."""
+    _native_or_skip()
+    n = 96
+    plain = make(name, num_envs=n, seed=3, observation=observation, backend="torch")
+    fast = make(name, num_envs=n, seed=3, observation=observation, backend="native")
+    sp, sf = plain.reset(), fast.reset()
+    gen = torch.Generator().manual_seed(0)
+
+    def same(a, b, where: str) -> None:
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a, b), where
+        elif a is None:
+            assert b is None, where
+        else:
+            assert set(a) == set(b), where
+            for k in a:
+                same(a[k], b[k], f"{where}/{k}")
+
+    ended = 0
+    for t in range(120):
+        for field in ("obs", "state", "reward", "terminated", "truncated", "alive"):
+            same(getattr(sp, field), getattr(sf, field), f"step {t} {field}")
+        for field in ("action_mask", "final_obs", "final_state", "final_action_mask", "stats"):
+            same(getattr(sp, field), getattr(sf, field), f"step {t} {field}")
+        ended += int(sp.terminated.sum())
+        acts = _random_actions(sp, gen)
+        sp, sf = plain.step(acts), fast.step(acts)
+    assert ended > 0
+
+
+def test_backends_are_chosen_and_refused_in_one_line(monkeypatch, tmp_path):
+    """``auto`` takes the C code on a CPU and torch on a GPU; an unknown backend, ``native`` on
+    a GPU and ``native`` without a C compiler are refused naming the fix, and ``auto`` then
+    falls back to torch."""
+    from mappo.envs.hanabi import game as game_module
+    from mappo.envs.hanabi import native
+
+    rules = HanabiRules()
+    with pytest.raises(EnvError, match="backend must be one of auto, torch, native"):
+        make("hanabi/full-2p", num_envs=1, backend="fast")
+    with pytest.raises(ValueError, match="CPU only.*use backend='torch'"):
+        game_module._native_backend(rules, torch.device("cuda"), "native")
+    assert game_module._native_backend(rules, torch.device("cuda"), "auto") is None
+    # no compiler: a fresh process's first build fails
+    monkeypatch.setattr(native, "_library", None)
+    monkeypatch.setattr(native, "_reason", None)
+    monkeypatch.setenv("MAPPO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    assert make("hanabi/full-2p", num_envs=2, backend="auto").games.native is None
+    with pytest.raises(EnvError, match="could not be built: no C compiler found"):
+        make("hanabi/full-2p", num_envs=2, backend="native")
+    assert not list(tmp_path.rglob("*.so"))
+
+
+def test_the_native_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
+    """The C file compiles into ``$MAPPO_CACHE_DIR/native`` under a name made of its hash; a
+    second process finds it there (no second build)."""
+    _native_or_skip()
+    from mappo.envs.hanabi import native
+
+    monkeypatch.setenv("MAPPO_CACHE_DIR", str(tmp_path))
+    first = native._compile()
+    assert first.parent == tmp_path / "native" and first.name.startswith("hanabi-")
+    stamp = first.stat().st_mtime_ns
+    assert native._compile() == first and first.stat().st_mtime_ns == stamp
+    assert [p.name for p in (tmp_path / "native").iterdir()] == [first.name]  # no leftovers
 
 
 # -- the env: turn-based play in the batched contract -------------------------------------------

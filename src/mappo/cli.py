@@ -254,6 +254,7 @@ def cmd_bench_env(args: argparse.Namespace) -> int:
         include_pettingzoo=not args.no_pettingzoo,
         num_threads=args.threads,
         compiled=args.compile,
+        hanabi_backends=tuple(args.hanabi_backend),
     )
     print(json.dumps(rows) if args.json else format_table(rows))
     return 0
@@ -473,6 +474,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile",
         action="store_true",
         help="also time the particle worlds with their steps compiled, eight to a graph",
+    )
+    be.add_argument(
+        "--hanabi-backend",
+        nargs="+",
+        choices=["auto", "native", "torch"],
+        default=["auto"],
+        help="the Hanabi envs' backend(s): native (C, CPU), torch, or auto (native on a CPU "
+        "where it builds); several give a row each",
     )
     be.add_argument("--json", action="store_true")
     be.set_defaults(func=cmd_bench_env)

@@ -85,9 +85,12 @@ def _masked_actions(env: BatchedEnv, step: EnvStep, noise: dict[str, Tensor]) ->
 
 
 @torch.no_grad()
-def bench_batched(name: str, num_envs: int, seconds: float, device: str = "cpu") -> float:
-    """Env steps per second of the batched env ``name`` with ``num_envs`` envs."""
-    env = make(name, num_envs=num_envs, device=device, seed=0)
+def bench_batched(
+    name: str, num_envs: int, seconds: float, device: str = "cpu", **env_kwargs: Any
+) -> float:
+    """Env steps per second of the batched env ``name`` with ``num_envs`` envs (``env_kwargs``
+    passed on to it)."""
+    env = make(name, num_envs=num_envs, device=device, seed=0, **env_kwargs)
     env.validate_actions = False
     gen = torch.Generator(device=env.device)
     gen.manual_seed(0)
@@ -286,6 +289,7 @@ def run_env_bench(
     include_pettingzoo: bool = True,
     num_threads: int | None = 1,
     compiled: bool = False,
+    hanabi_backends: Sequence[str] = ("auto",),
 ) -> list[dict[str, Any]]:
     """Measure every env of ``env_names`` at every batch size of ``num_envs`` for about
     ``seconds`` each; with ``include_pettingzoo`` add the reference rows: ``{"env": "mpe2",
@@ -300,6 +304,10 @@ def run_env_bench(
 
     With ``compiled``, each particle world also gets a row ``{"env": "<name> compiled", ...,
     "state_diff"}`` of :func:`bench_compiled` (its steps compiled, eight to a graph).
+
+    ``hanabi_backends``: each Hanabi env is timed on each of these backends
+    (:class:`~mappo.envs.hanabi.game.HanabiGames`); with more than one, its rows are named
+    ``"<name> (<backend>)"``.
     """
     previous = torch.get_num_threads()
     if num_threads is not None:
@@ -307,9 +315,18 @@ def run_env_bench(
     try:
         rows = []
         for name in env_names:
+            variants: list[tuple[str, dict[str, Any]]] = [(name, {})]
+            if name.startswith("hanabi/"):
+                many = len(hanabi_backends) > 1
+                variants = [
+                    (f"{name} ({b})" if many else name, {"backend": b}) for b in hanabi_backends
+                ]
             for n in num_envs:
-                sps = bench_batched(name, n, seconds, device)
-                rows.append({"env": name, "num_envs": n, "steps_per_second": sps, "device": device})
+                for label, kwargs in variants:
+                    sps = bench_batched(name, n, seconds, device, **kwargs)
+                    rows.append(
+                        {"env": label, "num_envs": n, "steps_per_second": sps, "device": device}
+                    )
                 if compiled and name.startswith("mpe/"):
                     sps, diff = bench_compiled(name, n, seconds, device)
                     rows.append(
@@ -344,7 +361,7 @@ def run_env_bench(
 
 def _reference_of(env: str) -> str:
     """The reference row an env's speed is compared with."""
-    env = env.removesuffix(" compiled")
+    env = env.removesuffix(" compiled").split(" (")[0]
     if env.startswith("hanabi/full-") or env.startswith("open_spiel:hanabi-"):
         return "open_spiel:hanabi-" + env.rsplit("-", 1)[-1]
     return "mpe2"

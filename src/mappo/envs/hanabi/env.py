@@ -24,6 +24,10 @@ the game: ``discards``, ``plays`` and ``hints`` (what a policy does: one that hi
 plays little runs out of cards with a low score).
 
 A game is replayed exactly by dealing a given deck order (:meth:`HanabiEnv.deal`).
+
+``backend`` picks how the games step (:class:`~mappo.envs.hanabi.game.HanabiGames`): ``"auto"``
+(the C code of :mod:`mappo.envs.hanabi.native` on a CPU where it builds, else torch),
+``"native"`` or ``"torch"``; the same steps either way.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ class HanabiEnv(BatchedEnv):
         max_information_tokens: int = 8,
         max_life_tokens: int = 3,
         observation: str = "canonical",
+        backend: str = "auto",
     ) -> None:
         super().__init__(num_envs, device, seed)
         if observation not in ("canonical", "paper"):
@@ -85,7 +90,10 @@ class HanabiEnv(BatchedEnv):
             raise EnvError(f"{self.name}: {err}") from err
         r = self.rules
         self.name = f"hanabi ({r.players} players, {r.colors} colors x {r.ranks} ranks)"
-        self.games = HanabiGames(r, num_envs, self.device)
+        try:
+            self.games = HanabiGames(r, num_envs, self.device, backend)
+        except ValueError as err:
+            raise EnvError(f"{self.name}: {err}") from err
         self._cards = r.colors * r.ranks
         obs_size = r.observation_size + (r.players if observation == "paper" else 0)
         # Moves run out long before this: each discard or play returns at most one token, so a
@@ -188,7 +196,7 @@ class HanabiEnv(BatchedEnv):
             # are put together when read (a trainer that bootstraps only truncated episodes,
             # which Hanabi does not have, never does).
             ids = done.nonzero().squeeze(1)
-            ended_obs, ended_state, ended_mask, _ = self._views(g.select(ids))
+            ended_obs, ended_state, ended_mask, _ = self._views(ids)
             g.reset_games(ids, g.shuffled_decks(self.generator, ids.numel()))
             self._length[ids] = 0
             self._moves[ids] = 0
@@ -255,13 +263,16 @@ class HanabiEnv(BatchedEnv):
         return self._first_step()
 
     # -- views -----------------------------------------------------------------------------------
-    def _views(self, games: HanabiGames | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    def _views(self, ids: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Every player's observation ``[E, P, obs]``, the state ``[E, state]``, the action masks
-        ``[E, P, M]`` and who acts ``[E, P]``, of every game (or of ``games``, a selection)."""
-        g = self.games if games is None else games
+        ``[E, P, M]`` and who acts ``[E, P]``, of every game (or of games ``ids [K]``)."""
+        paper = self.observation == "paper"
+        if self.games.native is not None:  # the C code writes all four in one pass
+            return self.games.views(paper, ids)
+        g = self.games if ids is None else self.games.select(ids)
+        games = None if ids is None else g
         e, p = g.batch, self.rules.players
         me = g.state["player"]
-        paper = self.observation == "paper"
         n_obs = self.spec.groups["players"].obs_shape[0]
         # The bool views are written into a buffer kept from step to step; what is returned
         # are fresh float32 tensors converted from it.

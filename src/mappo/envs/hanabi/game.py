@@ -114,12 +114,25 @@ class HanabiGames:
 
     ``reset(decks)`` deals from the given deck orders; :meth:`step` applies one move of the
     player to act in every game that is not over (finished games ignore their move).
+
+    ``backend``: ``"torch"`` (tensor operations over the batch, on any device), ``"native"``
+    (the step, the legal moves, the views and the deals of :mod:`mappo.envs.hanabi.native`'s C
+    code, on the same state tensors: CPU only; ``ValueError`` where it cannot be built) or
+    ``"auto"`` (native on a CPU where it builds, else torch). Both give the same states,
+    rewards and views.
     """
 
-    def __init__(self, rules: HanabiRules, batch: int, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        rules: HanabiRules,
+        batch: int,
+        device: str | torch.device = "cpu",
+        backend: str = "auto",
+    ):
         self.rules = rules
         self.batch = batch
         self.device = torch.device(device)
+        self.native = _native_backend(rules, self.device, backend)
         r = rules
         dev = self.device
         counts = torch.tensor([r.instances(k) for k in range(r.ranks)], device=dev)
@@ -250,6 +263,11 @@ class HanabiGames:
         """Start new games in rows ``ids [K]`` (distinct), dealt from ``decks [K, D]``; the
         other games are untouched. Writes only those rows (cheaper than :meth:`reset` with a
         mask when few of many games end)."""
+        if self.native is not None and self.state:
+            ids = ids.to(torch.int64).contiguous()
+            decks = decks.to(torch.int64).contiguous()
+            self.native.run("hanabi_deal", self.state, ids.numel(), ids, decks.data_ptr())
+            return
         fresh = copy.copy(self)
         fresh.batch = int(ids.numel())
         fresh.state = {}
@@ -266,6 +284,10 @@ class HanabiGames:
     # -- legal moves ---------------------------------------------------------------------------
     def legal_moves(self) -> Tensor:
         """``[B, M]`` bool: the moves the player to act may make (none in a finished game)."""
+        if self.native is not None:
+            out = torch.empty(self.batch, self.rules.num_moves, dtype=torch.bool)
+            self.native.run("hanabi_legal", self.state, self.batch, None, out.data_ptr())
+            return out
         r, s = self.rules, self.state
         p, c = r.players, r.colors
         held = self._slots < s["hand_count"].gather(1, s["player"][:, None])  # [B, H]
@@ -292,7 +314,17 @@ class HanabiGames:
     # -- a move --------------------------------------------------------------------------------
     def step(self, moves: Tensor) -> Tensor:
         """Apply ``moves [B]`` (move uids, legal ones: see :meth:`legal_moves`) for the player to
-        act in every unfinished game; returns the rewards ``[B]`` float32 (score changes)."""
+        act in every unfinished game; returns the rewards ``[B]`` float32 (score changes).
+
+        The torch backend puts new tensors into :attr:`state`; the native one writes into the
+        ones there (copy what must stay as it was, as :meth:`select` does)."""
+        if self.native is not None:
+            moves = moves.to(torch.int64).contiguous()
+            rewards = torch.empty(self.batch, dtype=torch.float32)
+            self.native.run(
+                "hanabi_step", self.state, self.batch, None, moves.data_ptr(), rewards.data_ptr()
+            )
+            return rewards
         r, s = self.rules, self.state
         p, h, c = r.players, r.hand, r.colors
         rows, dev = self._rows, self.device
@@ -477,6 +509,11 @@ class HanabiGames:
         b = self.batch
         if out is None:
             out = torch.empty(b, p, r.observation_size, dtype=torch.bool, device=self.device)
+        if self.native is not None and out.is_contiguous():
+            self.native.run(
+                "hanabi_observe", s, b, None, int(paper_belief), out.data_ptr(), out.shape[2]
+            )
+            return out
         seat = self._seat_of
         at = 0
 
@@ -560,6 +597,40 @@ class HanabiGames:
         assert at == r.observation_size
         return out
 
+    def views(
+        self, paper: bool, ids: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """What the env returns, from the native backend in one pass over the games (or over
+        games ``ids [K]``): every player's observation ``[B, P, n]`` float32 (``n`` the
+        observation size, plus ``P`` for the paper's turn one-hot), the global state ``[B, n +
+        H*C*R]`` float32 (the acting player's observation and own hand; the hand first with
+        ``paper``), the action masks ``[B, P, M]`` bool (the legal moves for the player to act,
+        move 0 alone for the others and in a finished game) and who acts ``[B, P]`` bool.
+        See :class:`~mappo.envs.hanabi.env.HanabiEnv` for the torch form of each."""
+        if self.native is None:
+            raise RuntimeError("HanabiGames.views needs the native backend")
+        r = self.rules
+        rows = self.batch if ids is None else int(ids.numel())
+        if ids is not None:
+            ids = ids.to(torch.int64).contiguous()
+        n = r.observation_size + (r.players if paper else 0)
+        obs = torch.empty(rows, r.players, n)
+        state = torch.empty(rows, n + r.hand * r.colors * r.ranks)
+        mask = torch.empty(rows, r.players, r.num_moves, dtype=torch.bool)
+        alive = torch.empty(rows, r.players, dtype=torch.bool)
+        self.native.run(
+            "hanabi_views",
+            self.state,
+            rows,
+            ids,
+            int(paper),
+            obs.data_ptr(),
+            state.data_ptr(),
+            mask.data_ptr(),
+            alive.data_ptr(),
+        )
+        return obs, state, mask, alive
+
     def paper_belief(self, plausible: Tensor) -> Tensor:
         """The MAPPO paper code's replacement of the plausible-card bits (``plausible [B, P, H,
         C*R]`` bool, per holder's slot) by its "V0 belief" section.
@@ -579,6 +650,36 @@ class HanabiGames:
         weight = plausible.long() * left[:, None, None, :]
         total = weight.sum(-1, keepdim=True)
         return (weight == total) & (total > 0)
+
+
+BACKENDS = ("auto", "torch", "native")
+
+
+def _native_backend(rules: HanabiRules, device: torch.device, backend: str):
+    """The native backend for these rules and this device, or ``None`` for torch; raises
+    ``ValueError`` for an unknown ``backend`` or a ``"native"`` that cannot be had."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "torch":
+        return None
+    from mappo.envs.hanabi import native
+
+    why = None
+    if device.type != "cpu":
+        why = f"it runs on the CPU only (the games are on {device})"
+    elif not native.fits(rules):
+        why = (
+            f"its buffers hold at most {native.MAX_PLAYERS} players, {native.MAX_HAND} cards a "
+            f"hand and {native.MAX_MOVES} moves"
+        )
+    else:
+        lib = native.library()
+        if lib is not None:
+            return native.NativeGames(lib, rules)
+        why = f"it could not be built: {native.unavailable_reason()}"
+    if backend == "native":
+        raise ValueError(f"backend='native' is not available: {why}; use backend='torch'")
+    return None
 
 
 def as_float(flags: Tensor) -> Tensor:

@@ -1,0 +1,233 @@
+"""Hanabi's step and views in C for games on a CPU (``hanabi_native.c``).
+
+At thousands of games a torch step of Hanabi is hundreds of small tensor operations, and at the
+tens of games a CPU training run steps, each costs more in dispatch than in arithmetic. The C
+file does the same work one game after another on the same state tensors (the data pointers of
+:attr:`~mappo.envs.hanabi.game.HanabiGames.state`): same rules, same observation, same states
+for any move, checked against the torch code in the tests.
+
+The file is compiled on first use with the system's C compiler (``$CC``, else ``cc``) into a
+shared library cached under ``$MAPPO_CACHE_DIR`` (default ``~/.cache/mappo``), named by a hash
+of the source and the flags, and loaded with ``ctypes``; nothing outside this package's own
+source is compiled or loaded. Where no compiler works, :func:`library` returns ``None`` with the
+reason in :func:`unavailable_reason` and the games step in torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+FIELDS = (
+    "deck",
+    "dealt",
+    "hands",
+    "hand_count",
+    "color_ok",
+    "rank_ok",
+    "color_hint",
+    "rank_hint",
+    "fireworks",
+    "info",
+    "life",
+    "discards",
+    "player",
+    "turns_left",
+    "over",
+    "last_kind",
+    "last_player",
+    "last_target",
+    "last_color",
+    "last_rank",
+    "last_revealed",
+    "last_slot",
+    "last_card",
+    "last_scored",
+    "last_token",
+)
+"""The state tensors in the order the C code's field enum lists them."""
+
+MAX_PLAYERS, MAX_HAND, MAX_VIEW, MAX_MOVES = 5, 8, 2048, 64
+"""The C code's fixed buffers: rules beyond them step in torch."""
+
+_SOURCE = Path(__file__).with_name("hanabi_native.c")
+_FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC")
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_reason: str | None = None
+_pool: ThreadPoolExecutor | None = None
+
+MIN_GAMES_PER_THREAD = 256
+"""Below this many games per thread a call stays on one thread (the hand-off costs more)."""
+
+
+class Rules(ctypes.Structure):
+    """The C code's ``Rules``: the variant's sizes."""
+
+    _fields_ = [
+        (name, ctypes.c_int64) for name in ("P", "C", "R", "H", "D", "MI", "ML", "obs", "M")
+    ] + [
+        ("inst", ctypes.c_int64 * 8),
+        ("color_of", ctypes.c_int64 * 32),
+        ("rank_of", ctypes.c_int64 * 32),
+    ]
+
+
+def cache_dir() -> Path:
+    """Where compiled libraries are kept: ``$MAPPO_CACHE_DIR`` or ``~/.cache/mappo``."""
+    root = os.environ.get("MAPPO_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "mappo"
+
+
+def _compile() -> Path:
+    """The compiled library's path, compiling it first if no cached copy exists. Raises
+    ``RuntimeError`` naming what failed."""
+    compiler = os.environ.get("CC", "cc")
+    if shutil.which(compiler) is None:
+        raise RuntimeError(f"no C compiler found ({compiler!r}; set $CC to one)")
+    source = _SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join((compiler, *_FLAGS, sys.platform)).encode()).hexdigest()[
+        :16
+    ]
+    folder = cache_dir() / "native"
+    target = folder / f"hanabi-{key}.so"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    # compile beside the target and rename: processes starting together never load half a file
+    fd, partial = tempfile.mkstemp(dir=folder, suffix=".so.partial")
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [compiler, *_FLAGS, "-o", partial, str(_SOURCE)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[:500]}")
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return target
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded C library, or ``None`` where it cannot be built (see
+    :func:`unavailable_reason`). Built and loaded once per process."""
+    global _library, _reason
+    with _lock:
+        if _library is None and _reason is None:
+            try:
+                lib = ctypes.CDLL(str(_compile()))
+            except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+                _reason = str(err)
+            else:
+                p, i64 = ctypes.c_void_p, ctypes.c_int64
+                common = [ctypes.POINTER(Rules), p, p, i64, i64]
+                lib.hanabi_step.argtypes = [*common, p, p]
+                lib.hanabi_legal.argtypes = [*common, p]
+                lib.hanabi_observe.argtypes = [*common, ctypes.c_int, p, i64]
+                lib.hanabi_views.argtypes = [*common, ctypes.c_int, p, p, p, p]
+                lib.hanabi_deal.argtypes = [*common, p]
+                for fn in ("hanabi_step", "hanabi_legal", "hanabi_observe", "hanabi_views"):
+                    getattr(lib, fn).restype = None
+                lib.hanabi_deal.restype = None
+                _library = lib
+        return _library
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`library` returned ``None`` (``None`` if it has not or it loaded)."""
+    return _reason
+
+
+def fits(rules) -> bool:
+    """Whether the C code's fixed buffers hold a variant's views and moves."""
+    view = rules.observation_size + rules.players + rules.hand * rules.colors * rules.ranks
+    return (
+        rules.players <= MAX_PLAYERS
+        and rules.hand <= MAX_HAND
+        and view <= MAX_VIEW
+        and rules.num_moves <= MAX_MOVES
+    )
+
+
+class NativeGames:
+    """The C functions bound to one :class:`~mappo.envs.hanabi.game.HanabiGames`' rules; each
+    call takes the games' state dict (its tensors contiguous, of the dtypes ``reset`` makes)."""
+
+    def __init__(self, lib: ctypes.CDLL, rules) -> None:
+        self.lib = lib
+        inst = (ctypes.c_int64 * 8)(*[rules.instances(k) for k in range(rules.ranks)])
+        cards = range(rules.colors * rules.ranks)
+        color_of = (ctypes.c_int64 * 32)(*[card // rules.ranks for card in cards])
+        rank_of = (ctypes.c_int64 * 32)(*[card % rules.ranks for card in cards])
+        self.rules = Rules(
+            rules.players,
+            rules.colors,
+            rules.ranks,
+            rules.hand,
+            rules.deck_size,
+            rules.max_information_tokens,
+            rules.max_life_tokens,
+            rules.observation_size,
+            rules.num_moves,
+            inst,
+            color_of,
+            rank_of,
+        )
+        self._rules_ref = ctypes.byref(self.rules)
+        self._key: tuple[int, ...] = ()
+        self._pointers = (ctypes.c_void_p * len(FIELDS))()
+
+    def pointers(self, state: dict[str, Tensor]) -> ctypes.Array:
+        """The state's data pointers in :data:`FIELDS` order (contiguous copies put back into
+        ``state`` where a tensor is not)."""
+        for name in FIELDS:
+            if not state[name].is_contiguous():
+                state[name] = state[name].contiguous()
+        key = tuple(state[name].data_ptr() for name in FIELDS)
+        if key != self._key:
+            self._pointers[:] = key
+            self._key = key
+        return self._pointers
+
+    def run(self, fn: str, state: dict[str, Tensor], rows: int, ids: Tensor | None, *args) -> None:
+        """Call C function ``fn`` on rows ``0 .. rows-1`` (games ``ids[row]``, or game ``row``),
+        split between torch's threads when there are enough rows."""
+        call = getattr(self.lib, fn)
+        ptrs = self.pointers(state)
+        ids_ptr = ids.data_ptr() if ids is not None else None
+        threads = min(torch.get_num_threads(), rows // MIN_GAMES_PER_THREAD)
+        if threads <= 1:
+            call(self._rules_ref, ptrs, ids_ptr, 0, rows, *args)
+            return
+        bounds = [rows * k // threads for k in range(threads + 1)]
+        pool = _thread_pool(threads)
+        jobs = [
+            pool.submit(call, self._rules_ref, ptrs, ids_ptr, lo, hi, *args)
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+        for job in jobs:
+            job.result()
+
+
+def _thread_pool(threads: int) -> ThreadPoolExecutor:
+    global _pool
+    with _lock:
+        if _pool is None or _pool._max_workers < threads:
+            _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="mappo-hanabi")
+        return _pool
