@@ -711,7 +711,14 @@ class StackedPPOLearner:
             p.train()
         samples = _stack_samples(
             [
-                make_samples(p, _rows(rollout, self.blocks.rows(k)), cfg.algo, self.recurrent)
+                make_samples(
+                    p,
+                    _rows(rollout, self.blocks.rows(k)),
+                    cfg.algo,
+                    self.recurrent,
+                    # one graph for the compiled loss (as a single run's, PPOLearner)
+                    always_inject=self._compile_loss,
+                )
                 for k, p in enumerate(self.policies)
             ]
         )
