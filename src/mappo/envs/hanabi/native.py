@@ -190,19 +190,22 @@ class NativeGames:
             rank_of,
         )
         self._rules_ref = ctypes.byref(self.rules)
-        self._key: tuple[int, ...] = ()
+        self._tensors: list[Tensor] = []
         self._pointers = (ctypes.c_void_p * len(FIELDS))()
 
     def pointers(self, state: dict[str, Tensor]) -> ctypes.Array:
         """The state's data pointers in :data:`FIELDS` order (contiguous copies put back into
-        ``state`` where a tensor is not)."""
-        for name in FIELDS:
-            if not state[name].is_contiguous():
-                state[name] = state[name].contiguous()
-        key = tuple(state[name].data_ptr() for name in FIELDS)
-        if key != self._key:
-            self._pointers[:] = key
-            self._key = key
+        ``state`` where a tensor is not). Read again only when ``state`` holds other tensor
+        objects than at the last call (a step replaces none; a reset or a selection does)."""
+        tensors = [state[name] for name in FIELDS]
+        if len(tensors) != len(self._tensors) or any(
+            a is not b for a, b in zip(tensors, self._tensors, strict=True)
+        ):
+            for name in FIELDS:
+                if not state[name].is_contiguous():
+                    state[name] = state[name].contiguous()
+            self._tensors = [state[name] for name in FIELDS]
+            self._pointers[:] = [t.data_ptr() for t in self._tensors]
         return self._pointers
 
     def run(self, fn: str, state: dict[str, Tensor], rows: int, ids: Tensor | None, *args) -> None:
