@@ -369,6 +369,16 @@ def test_the_native_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
     stamp = first.stat().st_mtime_ns
     assert native._compile() == first and first.stat().st_mtime_ns == stamp
     assert [p.name for p in (tmp_path / "native").iterdir()] == [first.name]  # no leftovers
+    # a cache others can write into is not trusted: the library goes to a folder of the user's
+    # own in the temporary directory instead
+    shared = tmp_path / "shared"
+    (shared / "native").mkdir(parents=True)
+    (shared / "native").chmod(0o777)
+    monkeypatch.setenv("MAPPO_CACHE_DIR", str(shared))
+    monkeypatch.setattr(native.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    own = native._compile()
+    assert own.parent == tmp_path / "tmp" / f"mappo-{os.getuid()}"
+    assert not list((shared / "native").iterdir())
 
 
 # -- the env: turn-based play in the batched contract -------------------------------------------

@@ -97,14 +97,28 @@ def _compile() -> Path:
     if shutil.which(compiler) is None:
         raise RuntimeError(f"no C compiler found ({compiler!r}; set $CC to one)")
     source = _SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join((compiler, *_FLAGS, sys.platform)).encode()).hexdigest()[
-        :16
-    ]
-    folder = cache_dir() / "native"
-    target = folder / f"hanabi-{key}.so"
-    if target.exists():
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
+    build = " ".join((compiler, *_FLAGS, sys.platform)).encode()
+    name = f"hanabi-{hashlib.sha256(source + build).hexdigest()[:16]}.so"
+    # the user's cache, else (a read-only home, as on some clusters) a folder of the user's own
+    # in the temporary directory
+    folders = [cache_dir() / "native"]
+    if hasattr(os, "getuid"):
+        folders.append(Path(tempfile.gettempdir()) / f"mappo-{os.getuid()}")
+    for folder in folders:
+        if (folder / name).exists() and _trusted(folder):
+            return folder / name
+    for folder in folders:
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(folder, os.W_OK) and _trusted(folder):
+            break
+    else:
+        raise RuntimeError(
+            f"no folder of this user's to write the compiled library to ({folders[0]})"
+        )
+    target = folder / name
     # compile beside the target and rename: processes starting together never load half a file
     fd, partial = tempfile.mkstemp(dir=folder, suffix=".so.partial")
     os.close(fd)
@@ -122,6 +136,15 @@ def _compile() -> Path:
         if os.path.exists(partial):
             os.unlink(partial)
     return target
+
+
+def _trusted(folder: Path) -> bool:
+    """Whether a library in ``folder`` may be loaded: the folder is this user's and nobody else
+    can write into it (a shared temporary directory could hold someone else's file)."""
+    if not hasattr(os, "getuid"):
+        return True
+    info = folder.stat()
+    return info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
 def library() -> ctypes.CDLL | None:
