@@ -381,6 +381,105 @@ def test_the_native_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
     assert not list((shared / "native").iterdir())
 
 
+def test_native_games_refuse_what_would_write_past_them(monkeypatch):
+    """Inputs the C code would turn into reads or writes past the state's memory are refused
+    in Python (the torch backend raises for most of them too): moves of the wrong shape, game
+    ids out of range, decks of the wrong shape or with unknown cards. Negative ids count from
+    the end, as torch's indexing does. The views keep float32 on the CPU whatever torch's
+    defaults, and a tensor whose storage moved (``set_``) is read again."""
+    _native_or_skip()
+    rules = HanabiRules()
+    games = HanabiGames(rules, 4, backend="native")
+    decks = games.shuffled_decks(torch.Generator().manual_seed(0))
+    games.reset(decks)
+    with pytest.raises(ValueError, match="moves must be"):
+        games.step(torch.tensor(5))
+    with pytest.raises(IndexError, match="must lie in"):
+        games.reset_games(torch.tensor([4]), decks[:1])
+    with pytest.raises(ValueError, match="decks must be"):
+        games.reset_games(torch.tensor([0]), decks)
+    bad = decks[:1].clone()
+    bad[0, 0] = 1000
+    with pytest.raises(ValueError, match="card ids"):
+        games.reset_games(torch.tensor([0]), bad)
+    with pytest.raises(ValueError, match="card ids"):
+        games.reset(decks - 1)
+    games.reset_games(torch.tensor([-1]), decks[:1])  # the last game
+    assert torch.equal(games.state["deck"][3], decks[0])
+    with pytest.raises(RuntimeError):  # too narrow: the torch code's own error, nothing written
+        games.observe_all(out=torch.zeros(4, 2, 10, dtype=torch.bool))
+    plain = HanabiGames(rules, 4, backend="torch")
+    plain.reset(games.state["deck"])
+    monkeypatch.setattr(torch, "get_default_dtype", lambda: torch.float64)
+    torch.set_default_dtype(torch.float64)
+    try:
+        obs, state, _, _ = games.views(paper=False)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert obs.dtype == state.dtype == torch.float32
+    assert torch.equal(obs, plain.observe_all().view(torch.uint8).float())
+    moved = games.state["info"].clone()
+    games.state["info"].set_(moved.untyped_storage().__class__(8 * 4), 0, (4,))
+    games.state["info"].copy_(moved)
+    games.step(torch.zeros(4, dtype=torch.int64))  # discards at full tokens: no token added
+    assert torch.equal(games.state["info"], moved)
+
+
+def test_native_games_copy_and_survive_a_fork():
+    """An env on the native backend deep-copies and pickles (the copy binds the library again,
+    with its own pointers), and a forked child steps it with two threads (the parent's thread
+    pool is not inherited)."""
+    _native_or_skip()
+    import copy
+    import multiprocessing
+    import pickle
+
+    env = make("hanabi/full-2p", num_envs=600, seed=1)
+    first = env.reset()
+    twin = copy.deepcopy(env)
+    assert twin.games.native is not None and twin.games.native is not env.games.native
+    again = pickle.loads(pickle.dumps(env))
+    acts = _random_actions(first, torch.Generator().manual_seed(0))
+    a, b, c = env.step(acts), twin.step(acts), again.step(acts)
+    assert torch.equal(a.obs["players"], b.obs["players"])
+    assert torch.equal(a.obs["players"], c.obs["players"])
+    # A forked child, with the parent's pool of threads made by a two-thread call. (Only the C
+    # calls in the child: torch's own OpenMP threads do not survive a fork either, so its
+    # multi-threaded operations hang in a child; that is torch's rule, not ours.)
+    games = HanabiGames(HanabiRules(), 600, backend="native")
+    games.reset(games.shuffled_decks(torch.Generator().manual_seed(3)))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        games.legal_moves()  # the pool exists now
+        child = multiprocessing.get_context("fork").Process(target=_native_calls, args=(games,))
+        child.start()
+        child.join(60)
+        if child.exitcode is None:
+            child.kill()
+        assert child.exitcode == 0, "the forked child did not finish its calls"
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _native_calls(games: HanabiGames) -> None:
+    legal = games.legal_moves()
+    games.step(legal.int().argmax(1))
+
+
+def test_a_compiler_given_with_arguments_builds(monkeypatch, tmp_path):
+    """``CC="ccache gcc"`` style: the first word is the program, the rest its arguments."""
+    _native_or_skip()
+    import shutil
+
+    from mappo.envs.hanabi import native
+
+    cc = shutil.which("cc")
+    monkeypatch.setenv("MAPPO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", f"{cc} -O2")
+    assert native._compile().exists()
+
+
 # -- the env: turn-based play in the batched contract -------------------------------------------
 
 
@@ -545,6 +644,16 @@ def test_state_round_trip_replays_the_same_game():
     ):
         with pytest.raises(EnvError, match=message):
             env.set_state({k: v[:2] for k, v in saved.items()}, bad)
+    # values a game cannot hold are refused before anything is written (on either backend
+    # they would index past the game's tables)
+    before = env.get_state()
+    for key, value in (("player", 7), ("hands", 1000), ("dealt", -100), ("deck", -1)):
+        wrong = {k: v.clone() for k, v in saved.items()}
+        wrong[key].view(-1)[0] = value
+        with pytest.raises(EnvError, match=f"state\\['{key}'\\] must hold values"):
+            env.set_state(wrong)
+    for k, v in env.get_state().items():
+        assert torch.equal(v, before[k]), k
 
 
 def test_text_rendering_shows_hands_hints_and_tokens():

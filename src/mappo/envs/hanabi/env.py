@@ -251,6 +251,19 @@ class HanabiEnv(BatchedEnv):
             )
         if "move_counts" not in state:
             state = {**state, "move_counts": torch.zeros_like(self._moves[: ids.numel()])}
+        r = self.rules
+        limits = {  # what a game can hold (a state out of these would index past its tables)
+            "player": (0, r.players - 1),
+            "hands": (-1, self._cards - 1),
+            "deck": (0, self._cards - 1),
+            "hand_count": (0, r.hand),
+            "dealt": (0, r.deck_size),
+            "fireworks": (0, r.ranks),
+        }
+        for k, (lo, hi) in limits.items():
+            v = state[k]
+            if v.numel() and not lo <= int(v.min()) <= int(v.max()) <= hi:
+                raise EnvError(f"{self.name}: state['{k}'] must hold values from {lo} to {hi}")
         own = {"length": self._length, "move_counts": self._moves}
         for k, v in state.items():
             target = own[k] if k in own else self.games.state[k]

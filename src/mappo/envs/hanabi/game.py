@@ -205,6 +205,8 @@ class HanabiGames:
         sub.batch = int(ids.numel())
         sub._rows = torch.arange(sub.batch, device=self.device)
         sub.state = {k: v[ids] for k, v in self.state.items()}
+        if self.native is not None:
+            sub.native = self.native.fresh()
         return sub
 
     # -- dealing -------------------------------------------------------------------------------
@@ -222,6 +224,8 @@ class HanabiGames:
         r, b, dev = self.rules, self.batch, self.device
         p, h = r.players, r.hand
         decks = decks.to(dev, torch.int64)
+        if self.native is not None:  # the C code indexes tables with the cards
+            self._check_cards(decks)
         fresh = {
             "deck": decks.clone(),
             "dealt": torch.full((b,), p * h, dtype=torch.int64, device=dev),
@@ -264,8 +268,14 @@ class HanabiGames:
         other games are untouched. Writes only those rows (cheaper than :meth:`reset` with a
         mask when few of many games end)."""
         if self.native is not None and self.state:
-            ids = ids.to(torch.int64).contiguous()
+            ids = ids.to(torch.int64).reshape(-1)
+            ids = torch.where(ids < 0, ids + self.batch, ids).contiguous()  # torch's indexing
             decks = decks.to(torch.int64).contiguous()
+            if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < self.batch:
+                raise IndexError(f"game ids must lie in [-{self.batch}, {self.batch})")
+            if decks.shape != (ids.numel(), self.rules.deck_size):
+                raise ValueError(f"decks must be [{ids.numel()}, {self.rules.deck_size}]")
+            self._check_cards(decks)
             self.native.run("hanabi_deal", self.state, ids.numel(), ids, decks.data_ptr())
             return
         fresh = copy.copy(self)
@@ -274,6 +284,12 @@ class HanabiGames:
         fresh.reset(decks)
         for k, v in self.state.items():
             v[ids] = fresh.state[k]
+
+    def _check_cards(self, decks: Tensor) -> None:
+        """Raise ``ValueError`` unless every card id of ``decks`` lies in ``[0, C*R)``."""
+        cards = self.rules.colors * self.rules.ranks
+        if decks.numel() and not 0 <= int(decks.min()) <= int(decks.max()) < cards:
+            raise ValueError(f"card ids must lie in [0, {cards})")
 
     # -- the score -----------------------------------------------------------------------------
     def score(self) -> Tensor:
@@ -285,7 +301,7 @@ class HanabiGames:
     def legal_moves(self) -> Tensor:
         """``[B, M]`` bool: the moves the player to act may make (none in a finished game)."""
         if self.native is not None:
-            out = torch.empty(self.batch, self.rules.num_moves, dtype=torch.bool)
+            out = torch.empty(self.batch, self.rules.num_moves, dtype=torch.bool, device="cpu")
             self.native.run("hanabi_legal", self.state, self.batch, None, out.data_ptr())
             return out
         r, s = self.rules, self.state
@@ -320,7 +336,9 @@ class HanabiGames:
         ones there (copy what must stay as it was, as :meth:`select` does)."""
         if self.native is not None:
             moves = moves.to(torch.int64).contiguous()
-            rewards = torch.empty(self.batch, dtype=torch.float32)
+            if moves.shape != (self.batch,):
+                raise ValueError(f"moves must be [{self.batch}], got {list(moves.shape)}")
+            rewards = torch.empty(self.batch, dtype=torch.float32, device="cpu")
             self.native.run(
                 "hanabi_step", self.state, self.batch, None, moves.data_ptr(), rewards.data_ptr()
             )
@@ -509,7 +527,14 @@ class HanabiGames:
         b = self.batch
         if out is None:
             out = torch.empty(b, p, r.observation_size, dtype=torch.bool, device=self.device)
-        if self.native is not None and out.is_contiguous():
+        if (
+            self.native is not None
+            and out.is_contiguous()
+            and out.dtype == torch.bool
+            and out.dim() == 3
+            and out.shape[:2] == (b, p)
+            and out.shape[2] >= r.observation_size
+        ):
             self.native.run(
                 "hanabi_observe", s, b, None, int(paper_belief), out.data_ptr(), out.shape[2]
             )
@@ -614,10 +639,17 @@ class HanabiGames:
         if ids is not None:
             ids = ids.to(torch.int64).contiguous()
         n = r.observation_size + (r.players if paper else 0)
-        obs = torch.empty(rows, r.players, n)
-        state = torch.empty(rows, n + r.hand * r.colors * r.ranks)
-        mask = torch.empty(rows, r.players, r.num_moves, dtype=torch.bool)
-        alive = torch.empty(rows, r.players, dtype=torch.bool)
+        if (
+            ids is not None
+            and ids.numel()
+            and not 0 <= int(ids.min()) <= int(ids.max()) < self.batch
+        ):
+            raise IndexError(f"game ids must lie in [0, {self.batch})")
+        f32, cpu = torch.float32, "cpu"
+        obs = torch.empty(rows, r.players, n, dtype=f32, device=cpu)
+        state = torch.empty(rows, n + r.hand * r.colors * r.ranks, dtype=f32, device=cpu)
+        mask = torch.empty(rows, r.players, r.num_moves, dtype=torch.bool, device=cpu)
+        alive = torch.empty(rows, r.players, dtype=torch.bool, device=cpu)
         self.native.run(
             "hanabi_views",
             self.state,

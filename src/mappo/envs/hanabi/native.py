@@ -18,6 +18,8 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -90,23 +92,29 @@ def cache_dir() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "mappo"
 
 
-def _compile() -> Path:
-    """The compiled library's path, compiling it first if no cached copy exists. Raises
-    ``RuntimeError`` naming what failed."""
-    compiler = os.environ.get("CC", "cc")
-    if shutil.which(compiler) is None:
-        raise RuntimeError(f"no C compiler found ({compiler!r}; set $CC to one)")
+def _compile(rebuild: bool = False) -> Path:
+    """The compiled library's path, compiling it first if no cached copy exists (or always,
+    with ``rebuild``). Raises ``RuntimeError`` naming what failed."""
+    command = shlex.split(os.environ.get("CC", "cc")) or ["cc"]  # e.g. CC="ccache gcc"
+    if shutil.which(command[0]) is None:
+        raise RuntimeError(f"no C compiler found ({command[0]!r}; set $CC to one)")
     source = _SOURCE.read_bytes()
-    build = " ".join((compiler, *_FLAGS, sys.platform)).encode()
+    # the machine too: a home shared between x86-64 and ARM hosts keeps one library per kind
+    build = " ".join((*command, *_FLAGS, sys.platform, platform.machine())).encode()
     name = f"hanabi-{hashlib.sha256(source + build).hexdigest()[:16]}.so"
     # the user's cache, else (a read-only home, as on some clusters) a folder of the user's own
     # in the temporary directory
-    folders = [cache_dir() / "native"]
+    folders = []
+    try:
+        folders.append(cache_dir() / "native")
+    except RuntimeError:  # no home directory to be found
+        pass
     if hasattr(os, "getuid"):
         folders.append(Path(tempfile.gettempdir()) / f"mappo-{os.getuid()}")
-    for folder in folders:
-        if (folder / name).exists() and _trusted(folder):
-            return folder / name
+    if not rebuild:
+        for folder in folders:
+            if (folder / name).exists() and _trusted(folder):
+                return folder / name
     for folder in folders:
         try:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -116,7 +124,8 @@ def _compile() -> Path:
             break
     else:
         raise RuntimeError(
-            f"no folder of this user's to write the compiled library to ({folders[0]})"
+            "no folder of this user's to write the compiled library to (tried "
+            f"{', '.join(map(str, folders)) or 'none'}; set MAPPO_CACHE_DIR)"
         )
     target = folder / name
     # compile beside the target and rename: processes starting together never load half a file
@@ -124,13 +133,13 @@ def _compile() -> Path:
     os.close(fd)
     try:
         done = subprocess.run(
-            [compiler, *_FLAGS, "-o", partial, str(_SOURCE)],
+            [*command, *_FLAGS, "-o", partial, str(_SOURCE)],
             capture_output=True,
             text=True,
             timeout=120,
         )
         if done.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[:500]}")
+            raise RuntimeError(f"{command[0]} failed: {done.stderr.strip()[:500]}")
         os.replace(partial, target)
     finally:
         if os.path.exists(partial):
@@ -154,7 +163,10 @@ def library() -> ctypes.CDLL | None:
     with _lock:
         if _library is None and _reason is None:
             try:
-                lib = ctypes.CDLL(str(_compile()))
+                try:
+                    lib = ctypes.CDLL(str(_compile()))
+                except OSError:  # a cached file that does not load (truncated, another arch)
+                    lib = ctypes.CDLL(str(_compile(rebuild=True)))
             except (OSError, RuntimeError, subprocess.SubprocessError) as err:
                 _reason = str(err)
             else:
@@ -182,6 +194,8 @@ def fits(rules) -> bool:
     view = rules.observation_size + rules.players + rules.hand * rules.colors * rules.ranks
     return (
         rules.players <= MAX_PLAYERS
+        and rules.colors * rules.ranks <= 25
+        and rules.ranks <= 8
         and rules.hand <= MAX_HAND
         and view <= MAX_VIEW
         and rules.num_moves <= MAX_MOVES
@@ -194,6 +208,7 @@ class NativeGames:
 
     def __init__(self, lib: ctypes.CDLL, rules) -> None:
         self.lib = lib
+        self._hanabi_rules = rules
         inst = (ctypes.c_int64 * 8)(*[rules.instances(k) for k in range(rules.ranks)])
         cards = range(rules.colors * rules.ranks)
         color_of = (ctypes.c_int64 * 32)(*[card // rules.ranks for card in cards])
@@ -216,13 +231,25 @@ class NativeGames:
         self._tensors: list[Tensor] = []
         self._pointers = (ctypes.c_void_p * len(FIELDS))()
 
+    def __reduce__(self):
+        # a copy (an env's deepcopy, a pickle) binds the rules again; never the pointers
+        return (_rebind, (self._hanabi_rules,))
+
+    def fresh(self) -> NativeGames:
+        """Another binding of the same rules with its own pointer cache (for a selection of
+        games, which may be stepped beside the whole batch)."""
+        return NativeGames(self.lib, self._hanabi_rules)
+
     def pointers(self, state: dict[str, Tensor]) -> ctypes.Array:
         """The state's data pointers in :data:`FIELDS` order (contiguous copies put back into
         ``state`` where a tensor is not). Read again only when ``state`` holds other tensor
         objects than at the last call (a step replaces none; a reset or a selection does)."""
         tensors = [state[name] for name in FIELDS]
+        # the same objects with the same storage (``set_`` or ``share_memory_`` keep the object
+        # and move its data)
         if len(tensors) != len(self._tensors) or any(
-            a is not b for a, b in zip(tensors, self._tensors, strict=True)
+            a is not b or a.data_ptr() != p
+            for a, b, p in zip(tensors, self._tensors, self._pointers, strict=True)
         ):
             for name in FIELDS:
                 if not state[name].is_contiguous():
@@ -249,6 +276,24 @@ class NativeGames:
         ]
         for job in jobs:
             job.result()
+
+
+def _rebind(rules) -> NativeGames:
+    lib = library()
+    if lib is None:
+        raise RuntimeError(f"the native Hanabi library cannot be built: {_reason}")
+    return NativeGames(lib, rules)
+
+
+def _forget_pool() -> None:
+    # a forked child inherits the pool object but not its threads: it would wait forever
+    global _pool, _lock
+    _pool = None
+    _lock = threading.Lock()  # another thread may have held it at the fork
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _thread_pool(threads: int) -> ThreadPoolExecutor:
