@@ -70,3 +70,37 @@ def test_spec_round_trips_through_a_plain_dict() -> None:
     assert (
         spec_from_dict(spec_to_dict(MatchEnv(1, masks=True).spec)) == MatchEnv(1, masks=True).spec
     )
+
+
+def test_a_final_state_given_as_a_function_is_made_once_when_read() -> None:
+    """``EnvStep.final_state`` may be given as a function (an env's deferred copy): nothing runs
+    until the field is read, reading gives its tensor, and a second read the same one; a tensor
+    given directly comes back as it is, and copies of the record read through it."""
+    import dataclasses
+
+    from mappo.data import EnvStep
+
+    calls = []
+
+    def make_state() -> torch.Tensor:
+        calls.append(1)
+        return torch.full((2, 3), 7.0)
+
+    x = torch.zeros(2, 3)
+    fields = {
+        "obs": {"a": x},
+        "state": x,
+        "reward": {"a": x},
+        "terminated": x[:, 0] > 0,
+        "truncated": x[:, 0] > 0,
+        "alive": {"a": x > -1},
+    }
+    step = EnvStep(**fields, final_state=make_state)
+    assert calls == []
+    first = step.final_state
+    assert calls == [1] and torch.equal(first, torch.full((2, 3), 7.0))
+    assert step.final_state is first and calls == [1]
+    copy = dataclasses.replace(step, state=x + 1)
+    assert copy.final_state is first and calls == [1]
+    assert EnvStep(**fields, final_state=x).final_state is x
+    assert EnvStep(**fields).final_state is None

@@ -248,7 +248,8 @@ def test_a_batch_equals_its_games_played_alone():
 def _native_or_skip() -> None:
     from mappo.envs.hanabi import native
 
-    if native.library() is None:  # no C compiler: the games step in torch (tested throughout)
+    # no C compiler: the games step in torch (tested throughout)
+    if native.library(HanabiRules()) is None:
         pytest.skip(f"the native backend cannot be built here: {native.unavailable_reason()}")
 
 
@@ -347,7 +348,7 @@ def test_backends_are_chosen_and_refused_in_one_line(monkeypatch, tmp_path):
         game_module._native_backend(rules, torch.device("cuda"), "native")
     assert game_module._native_backend(rules, torch.device("cuda"), "auto") is None
     # no compiler: a fresh process's first build fails
-    monkeypatch.setattr(native, "_library", None)
+    monkeypatch.setattr(native, "_libraries", {})
     monkeypatch.setattr(native, "_reason", None)
     monkeypatch.setenv("MAPPO_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
@@ -358,17 +359,22 @@ def test_backends_are_chosen_and_refused_in_one_line(monkeypatch, tmp_path):
 
 
 def test_the_native_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
-    """The C file compiles into ``$MAPPO_CACHE_DIR/native`` under a name made of its hash; a
-    second process finds it there (no second build)."""
+    """The C file compiles into ``$MAPPO_CACHE_DIR/native`` under a name made of its hash (of the
+    source and the build, the variant's sizes included); a second process finds it there (no
+    second build)."""
     _native_or_skip()
     from mappo.envs.hanabi import native
 
     monkeypatch.setenv("MAPPO_CACHE_DIR", str(tmp_path))
-    first = native._compile()
+    sizes = native._sizes(HanabiRules())
+    first = native._compile(sizes)
     assert first.parent == tmp_path / "native" and first.name.startswith("hanabi-")
     stamp = first.stat().st_mtime_ns
-    assert native._compile() == first and first.stat().st_mtime_ns == stamp
+    assert native._compile(sizes) == first and first.stat().st_mtime_ns == stamp
     assert [p.name for p in (tmp_path / "native").iterdir()] == [first.name]  # no leftovers
+    # another variant (its sizes compiled in) is another file
+    other = native._compile(native._sizes(HanabiRules(players=3)))
+    assert other.parent == first.parent and other != first
     # a cache others can write into is not trusted: the library goes to a folder of the user's
     # own in the temporary directory instead
     shared = tmp_path / "shared"
@@ -376,7 +382,7 @@ def test_the_native_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
     (shared / "native").chmod(0o777)
     monkeypatch.setenv("MAPPO_CACHE_DIR", str(shared))
     monkeypatch.setattr(native.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
-    own = native._compile()
+    own = native._compile(sizes)
     assert own.parent == tmp_path / "tmp" / f"mappo-{os.getuid()}"
     assert not list((shared / "native").iterdir())
 
@@ -477,7 +483,7 @@ def test_a_compiler_given_with_arguments_builds(monkeypatch, tmp_path):
     cc = shutil.which("cc")
     monkeypatch.setenv("MAPPO_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", f"{cc} -O2")
-    assert native._compile().exists()
+    assert native._compile(native._sizes(HanabiRules())).exists()
 
 
 # -- the env: turn-based play in the batched contract -------------------------------------------

@@ -187,11 +187,15 @@ class EnvStep:
     Equal to ``obs`` where the env did not finish; ``None`` after ``reset``. May be a
     :class:`LazyGroups` (Hanabi's: put together when read, since training without truncated
     episodes never reads it)."""
-    final_state: Tensor | None = None
-    """``[E, *state_shape]`` pre-reset state, as ``final_obs``."""
-    final_action_mask: dict[str, Tensor] = field(default_factory=dict)
+    final_state: Tensor | Callable[[], Tensor] | None = None
+    """``[E, *state_shape]`` pre-reset state, as ``final_obs``. An env may give a function of no
+    arguments instead: it is called when the field is first read, and reading gives its tensor
+    (Hanabi's: a copy of ``state`` with the ended games' rows replaced, which training without
+    truncated episodes never reads)."""
+    final_action_mask: Mapping[str, Tensor] = field(default_factory=dict)
     """Per group with masks, the pre-reset action masks, as ``final_obs``, where the env reports
-    them (the value family's bootstrap at a time limit uses them); absent = not reported."""
+    them (the value family's bootstrap at a time limit uses them); absent = not reported. May
+    be a :class:`LazyGroups`."""
     final_agent_state: Mapping[str, Tensor] = field(default_factory=dict)
     """Per group pre-reset agent-specific state, as ``final_obs``. May be a :class:`LazyGroups`
     (computed when first read: only a critic bootstrapping truncated episodes reads it)."""
@@ -203,6 +207,21 @@ class EnvStep:
     def done(self) -> Tensor:
         """``[E]`` bool: the episode ended (terminated or truncated) and the env was reset."""
         return self.terminated | self.truncated
+
+
+def _read_final_state(step: EnvStep) -> Tensor | None:
+    value = step.__dict__["_final_state"]
+    if callable(value):  # given as a function: made on first read, kept
+        value = step.__dict__["_final_state"] = value()
+    return value
+
+
+def _write_final_state(step: EnvStep, value: Tensor | Callable[[], Tensor] | None) -> None:
+    step.__dict__["_final_state"] = value
+
+
+# after @dataclass: its __init__ assigns the field, which goes through the property
+EnvStep.final_state = property(_read_final_state, _write_final_state)  # type: ignore[assignment]
 
 
 def check_bytes(x: Tensor, what: str, whole: bool = False) -> None:

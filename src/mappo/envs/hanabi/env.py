@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 import textwrap
 from collections.abc import Mapping
+from functools import partial
 
 import numpy as np
 import torch
@@ -179,11 +180,12 @@ class HanabiEnv(BatchedEnv):
         }
         # Finished games start again at once (auto-reset); their final views go to final_*.
         final_obs: Mapping[str, Tensor]
+        final_mask: Mapping[str, Tensor]
         if self._sync_free:
             # On a GPU: no host sync (no test of done, no index list); every game draws a deck
             # and the unfinished ones keep theirs.
-            final_views, final_state, final_mask, _ = self._views()
-            final_obs = {"players": final_views}
+            final_views, final_state, final_masks, _ = self._views()
+            final_obs, final_mask = {"players": final_views}, {"players": final_masks}
             fresh = g.shuffled_decks(self.generator)
             g.reset(torch.where(done[:, None], fresh, g.state["deck"]), done)
             self._length = torch.where(done, 0, self._length)
@@ -202,11 +204,11 @@ class HanabiEnv(BatchedEnv):
             self._moves[ids] = 0
             obs, state, mask, alive = self._views()
             final_obs = LazyGroups({"players": lambda: _with_rows(obs, ids, ended_obs)})
-            final_state = _with_rows(state, ids, ended_state)
-            final_mask = _with_rows(mask, ids, ended_mask)
+            final_state = partial(_with_rows, state, ids, ended_state)
+            final_mask = LazyGroups({"players": lambda: _with_rows(mask, ids, ended_mask)})
         else:
             obs, state, mask, alive = self._views()
-            final_obs, final_state, final_mask = {"players": obs}, state, mask
+            final_obs, final_state, final_mask = {"players": obs}, state, {"players": mask}
         shared = reward[:, None].expand(self.num_envs, self.rules.players).contiguous()
         return EnvStep(
             obs={"players": obs},
@@ -218,7 +220,7 @@ class HanabiEnv(BatchedEnv):
             action_mask={"players": mask},
             final_obs=final_obs,
             final_state=final_state,
-            final_action_mask={"players": final_mask},
+            final_action_mask=final_mask,
             stats=stats,
         )
 

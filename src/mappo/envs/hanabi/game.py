@@ -705,7 +705,7 @@ def _native_backend(rules: HanabiRules, device: torch.device, backend: str):
             f"hand and {native.MAX_MOVES} moves"
         )
     else:
-        lib = native.library()
+        lib = native.library(rules)
         if lib is not None:
             return native.NativeGames(lib, rules)
         why = f"it could not be built: {native.unavailable_reason()}"

@@ -52,6 +52,13 @@ static inline State unpack(void **s) {
     };
     return t;
 }
+/* A variant's sizes are compiled in as constants (native.py builds one library per variant,
+ * defining HANABI_P, HANABI_C and the rest as the Rules fields): with the sizes known the
+ * compiler unrolls and folds the loops over players, slots, colors and ranks. */
+#ifndef HANABI_P
+#error "build with the variant's sizes defined (-DHANABI_P=2 -DHANABI_C=5 ...), as native.py does"
+#endif
+#define RULE(f) HANABI_##f
 #define MAX_OBS 2048 /* > the longest view: 5 players, 1,285 values with the paper's extras */
 #define MAX_P 5
 #define MAX_H 8
@@ -68,7 +75,7 @@ static inline int64_t wrap(int64_t i, int64_t n) { return i < 0 ? i + n : i; }
 static inline int64_t score_of(const Rules *r, State t, int64_t g) {
     if (t.life[g] <= 0) return 0;
     int64_t sum = 0;
-    for (int64_t c = 0; c < r->C; c++) sum += t.fireworks[g * r->C + c];
+    for (int64_t c = 0; c < RULE(C); c++) sum += t.fireworks[g * RULE(C) + c];
     return sum;
 }
 
@@ -78,7 +85,8 @@ void hanabi_step(const Rules *rules, void **s, const int64_t *ids, int64_t lo, i
                  const int64_t *moves, float *rewards) {
     const Rules copy = *rules, *r = &copy; /* a local copy: no reloads after byte stores */
     const State t = unpack(s);
-    const int64_t P = r->P, C = r->C, R = r->R, H = r->H, D = r->D, CR = r->C * r->R;
+    const int64_t P = RULE(P), C = RULE(C), R = RULE(R), H = RULE(H), D = RULE(D);
+    const int64_t CR = C * R;
     for (int64_t i = lo; i < hi; i++) {
         int64_t g = ids ? ids[i] : i;
         if (t.over[g]) {
@@ -110,7 +118,7 @@ void hanabi_step(const Rules *rules, void **s, const int64_t *ids, int64_t lo, i
         int fits = *fw_c == rank;
         int scored = is_play && fits;
         if (scored) *fw_c += 1;
-        int token = (is_discard || (scored && rank == R - 1)) && *info < r->MI;
+        int token = (is_discard || (scored && rank == R - 1)) && *info < RULE(MI);
         *info += token;
         *life -= is_play && !fits;
         if (is_discard || (is_play && !fits)) t.discards[g * CR + wrap(card, CR)] += 1;
@@ -203,13 +211,13 @@ void hanabi_step(const Rules *rules, void **s, const int64_t *ids, int64_t lo, i
 
 /* The legal moves of the player to act, out[row, M] (all zero in a finished game). */
 static inline void legal_of(const Rules *r, State t, int64_t g, uint8_t *out) {
-    const int64_t P = r->P, C = r->C, R = r->R, H = r->H;
-    memset(out, 0, (size_t)r->M);
+    const int64_t P = RULE(P), C = RULE(C), R = RULE(R), H = RULE(H);
+    memset(out, 0, (size_t)RULE(M));
     if (t.over[g]) return;
     int64_t me = t.player[g], info = t.info[g];
     int64_t count = t.hand_count[g * P + me];
     for (int64_t j = 0; j < H; j++) {
-        out[j] = j < count && info < r->MI;
+        out[j] = j < count && info < RULE(MI);
         out[H + j] = j < count;
     }
     if (info <= 0) return;
@@ -228,16 +236,17 @@ void hanabi_legal(const Rules *rules, void **s, const int64_t *ids, int64_t lo, 
                   uint8_t *out) {
     const Rules copy = *rules, *r = &copy; /* a local copy: no reloads after byte stores */
     const State t = unpack(s);
-    for (int64_t i = lo; i < hi; i++) legal_of(r, t, ids ? ids[i] : i, out + i * r->M);
+    for (int64_t i = lo; i < hi; i++) legal_of(r, t, ids ? ids[i] : i, out + i * RULE(M));
 }
 
 /* Every player's observation of game g as 0/1 bytes, buf[o * width + k] (width >= the view's
  * length). belief: the knowledge section's plausible cards as the MAPPO paper code encodes them;
  * turn: a one-hot of the player to act appended (the paper code's inputs have both). */
-static inline void observe_game(const Rules *r, State t, int64_t g, int belief, int turn, uint8_t *buf,
-                         int64_t width) {
-    const int64_t P = r->P, C = r->C, R = r->R, H = r->H, D = r->D, CR = r->C * r->R;
-    const int64_t MI = r->MI, ML = r->ML, obs = r->obs;
+static inline void observe_game(const Rules *r, State t, int64_t g, int belief, int turn,
+                                uint8_t *buf, int64_t width) {
+    const int64_t P = RULE(P), C = RULE(C), R = RULE(R), H = RULE(H), D = RULE(D);
+    const int64_t CR = C * R;
+    const int64_t MI = RULE(MI), ML = RULE(ML), obs = RULE(obs);
     const int64_t n = obs + (turn ? P : 0);
     for (int64_t o = 0; o < P; o++) memset(buf + o * width, 0, (size_t)n);
     const int64_t *hands = t.hands + g * P * H;
@@ -377,7 +386,7 @@ void hanabi_observe(const Rules *rules, void **s, const int64_t *ids, int64_t lo
     const Rules copy = *rules, *r = &copy; /* a local copy: no reloads after byte stores */
     const State t = unpack(s);
     for (int64_t i = lo; i < hi; i++)
-        observe_game(r, t, ids ? ids[i] : i, belief, 0, out + i * r->P * width, width);
+        observe_game(r, t, ids ? ids[i] : i, belief, 0, out + i * RULE(P) * width, width);
 }
 
 /* What the env returns for each game: every player's observation as float32 obs[row, P, n],
@@ -388,8 +397,8 @@ void hanabi_views(const Rules *rules, void **s, const int64_t *ids, int64_t lo, 
                   int paper, float *obs, float *state, uint8_t *mask, uint8_t *alive) {
     const Rules copy = *rules, *r = &copy; /* a local copy: no reloads after byte stores */
     const State t = unpack(s);
-    const int64_t P = r->P, H = r->H, CR = r->C * r->R, M = r->M;
-    const int64_t n = r->obs + (paper ? P : 0);
+    const int64_t P = RULE(P), H = RULE(H), CR = RULE(C) * RULE(R), M = RULE(M);
+    const int64_t n = RULE(obs) + (paper ? P : 0);
     const int64_t width = n + H * CR;
     uint8_t buf[MAX_P * MAX_OBS];
     uint8_t hand_bits[MAX_H * 25];
@@ -432,7 +441,8 @@ void hanabi_deal(const Rules *rules, void **s, const int64_t *ids, int64_t lo, i
                  const int64_t *decks) {
     const Rules copy = *rules, *r = &copy; /* a local copy: no reloads after byte stores */
     const State t = unpack(s);
-    const int64_t P = r->P, C = r->C, R = r->R, H = r->H, D = r->D, CR = r->C * r->R;
+    const int64_t P = RULE(P), C = RULE(C), R = RULE(R), H = RULE(H), D = RULE(D);
+    const int64_t CR = C * R;
     for (int64_t i = lo; i < hi; i++) {
         int64_t g = ids ? ids[i] : i;
         const int64_t *deck = decks + i * D;
@@ -447,8 +457,8 @@ void hanabi_deal(const Rules *rules, void **s, const int64_t *ids, int64_t lo, i
             t.rank_hint[g * P * H + k] = -1;
         }
         memset(t.fireworks + g * C, 0, (size_t)C * sizeof(int64_t));
-        t.info[g] = r->MI;
-        t.life[g] = r->ML;
+        t.info[g] = RULE(MI);
+        t.life[g] = RULE(ML);
         memset(t.discards + g * CR, 0, (size_t)CR * sizeof(int64_t));
         t.player[g] = 0;
         t.turns_left[g] = P;
