@@ -253,19 +253,28 @@ def _native_or_skip() -> None:
         pytest.skip(f"the native backend cannot be built here: {native.unavailable_reason()}")
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", ["1", "2", "2 of our own"])
 @pytest.mark.parametrize("variant", [*VARIANTS, {"players": 2, "colors": 1, "hand_size": 2}])
-def test_native_games_equal_torch_games(variant, threads):
+def test_native_games_equal_torch_games(variant, threads, monkeypatch):
     """The C step, legal moves, observations (canonical and the paper's belief) and deals leave
     every state tensor, reward and view exactly as the torch code does, over random games with a
     sprinkling of illegal moves (what the step does with those is part of the state too); 600
-    games, so that two threads split them."""
+    games, so that two threads split them: torch's OpenMP threads where the library shares them,
+    and threads of our own (the build for a torch without libgomp)."""
     _native_or_skip()
+    from mappo.envs.hanabi import native
+
+    if threads == "2 of our own":
+        monkeypatch.setattr(native, "_torch_uses_libgomp", lambda: False)
+        monkeypatch.setattr(native, "_libraries", {})
     rules = HanabiRules(**variant)
     n = 600
     plain = HanabiGames(rules, n, backend="torch")
     fast = HanabiGames(rules, n, backend="native")
     assert plain.native is None and fast.native is not None
+    if threads == "2 of our own":
+        assert not fast.native._openmp
+    threads = int(threads[0])
     decks = plain.shuffled_decks(torch.Generator().manual_seed(1))
     plain.reset(decks)
     fast.reset(decks)
@@ -429,6 +438,26 @@ def test_native_games_refuse_what_would_write_past_them(monkeypatch):
     games.state["info"].copy_(moved)
     games.step(torch.zeros(4, dtype=torch.int64))  # discards at full tokens: no token added
     assert torch.equal(games.state["info"], moved)
+
+
+def test_the_native_library_shares_torchs_openmp_threads():
+    """Where torch's OpenMP runtime is libgomp (its Linux wheels) and the compiler takes
+    ``-fopenmp``, the library is built with it and splits rows between torch's own threads: one
+    OpenMP runtime in the process, not a second set of threads."""
+    _native_or_skip()
+    from mappo.envs.hanabi import native
+
+    if not native._torch_uses_libgomp():
+        pytest.skip("torch's OpenMP runtime here is not libgomp")
+    try:
+        native._compile(native._sizes(HanabiRules()), openmp=True)
+    except RuntimeError as err:
+        pytest.skip(f"the compiler does not build OpenMP code here: {err}")
+    games = HanabiGames(HanabiRules(), 600, backend="native")
+    assert games.native._openmp
+    with open("/proc/self/maps") as maps:
+        runtimes = {line.split()[-1] for line in maps if "libgomp" in line}
+    assert len(runtimes) == 1, runtimes
 
 
 def test_native_games_copy_and_survive_a_fork():

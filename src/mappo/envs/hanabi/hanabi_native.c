@@ -13,6 +13,9 @@
  */
 #include <stdint.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 typedef struct {
     int64_t P, C, R, H, D, MI, ML, obs, M;
@@ -474,4 +477,51 @@ void hanabi_deal(const Rules *rules, void **s, const int64_t *ids, int64_t lo, i
         t.last_scored[g] = 0;
         t.last_token[g] = 0;
     }
+}
+
+/* The functions above by number, on rows [lo, hi): what hanabi_run splits. Arguments a and b
+ * are the integers and p0..p3 the buffers each takes, in its own order. */
+enum { RUN_STEP, RUN_LEGAL, RUN_OBSERVE, RUN_VIEWS, RUN_DEAL };
+
+static void run_rows(int fn, const Rules *r, void **s, const int64_t *ids, int64_t lo,
+                     int64_t hi, int64_t a, int64_t b, void *p0, void *p1, void *p2, void *p3) {
+    switch (fn) {
+    case RUN_STEP: hanabi_step(r, s, ids, lo, hi, p0, p1); break;
+    case RUN_LEGAL: hanabi_legal(r, s, ids, lo, hi, p0); break;
+    case RUN_OBSERVE: hanabi_observe(r, s, ids, lo, hi, (int)a, p0, b); break;
+    case RUN_VIEWS: hanabi_views(r, s, ids, lo, hi, (int)a, p0, p1, p2, p3); break;
+    case RUN_DEAL: hanabi_deal(r, s, ids, lo, hi, p0); break;
+    default: break;
+    }
+}
+
+/* Whether this build splits rows between OpenMP threads (native.py builds it so where torch's
+ * own OpenMP runtime, libgomp, is loaded: the two share one team of threads, which torch keeps
+ * spinning between its operations, so handing rows to them costs microseconds and no second set
+ * of threads competes with them for the cores). */
+int hanabi_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* Function fn on rows [0, rows), split evenly between `threads` OpenMP threads where the build
+ * has OpenMP and threads > 1, else on this thread alone (a forked child must not enter the
+ * parent's OpenMP team: native.py passes 1 there). */
+void hanabi_run(int fn, int threads, const Rules *rules, void **s, const int64_t *ids,
+                int64_t rows, int64_t a, int64_t b, void *p0, void *p1, void *p2, void *p3) {
+#ifdef _OPENMP
+    if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+        {
+            const int64_t k = omp_get_thread_num(), n = omp_get_num_threads();
+            run_rows(fn, rules, s, ids, rows * k / n, rows * (k + 1) / n, a, b, p0, p1, p2, p3);
+        }
+        return;
+    }
+#endif
+    (void)threads;
+    run_rows(fn, rules, s, ids, 0, rows, a, b, p0, p1, p2, p3);
 }
