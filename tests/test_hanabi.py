@@ -983,3 +983,45 @@ def test_an_env_that_breaks_its_byte_declaration_is_refused(monkeypatch):
         trainer.iterate()
     trainer.close()
     assert "\n" not in str(err.value)
+
+
+def test_a_compiler_without_openmp_gets_the_build_with_our_own_threads(monkeypatch, tmp_path):
+    """Where ``-fopenmp`` does not compile (a compiler without OpenMP), the library is built
+    without it and splits games between threads of its own, giving the same games; nothing is
+    reported as unavailable."""
+    _native_or_skip()
+    import shutil
+
+    from mappo.envs.hanabi import native
+
+    cc = shutil.which("cc")
+    wrapper = tmp_path / "cc-without-openmp"
+    wrapper.write_text(
+        '#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && { echo "no OpenMP" >&2; exit 1; }; '
+        f'done\nexec {cc} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("MAPPO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", str(wrapper))
+    monkeypatch.setattr(native, "_torch_uses_libgomp", lambda: True)
+    monkeypatch.setattr(native, "_libraries", {})
+    monkeypatch.setattr(native, "_reason", None)
+    rules = HanabiRules(players=3)
+    fast = HanabiGames(rules, 600, backend="native")
+    assert fast.native is not None and not fast.native._openmp
+    assert native.unavailable_reason() is None
+    plain = HanabiGames(rules, 600, backend="torch")
+    decks = plain.shuffled_decks(torch.Generator().manual_seed(4))
+    plain.reset(decks)
+    fast.reset(decks)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for _ in range(20):
+            legal = plain.legal_moves()
+            assert torch.equal(fast.legal_moves(), legal)
+            moves = legal.int().argmax(1)
+            assert torch.equal(fast.step(moves), plain.step(moves))
+        assert torch.equal(fast.observe_all(), plain.observe_all())
+    finally:
+        torch.set_num_threads(previous)

@@ -212,7 +212,7 @@ def library(rules) -> ctypes.CDLL | None:
     key = _sizes(rules)
     with _lock:
         if key not in _libraries:
-            lib = None
+            lib, why = None, ""
             # with torch's libgomp loaded, a build that shares its threads; else (or where the
             # compiler has no OpenMP) one that splits rows between threads of our own
             for openmp in [True, False] if _torch_uses_libgomp() else [False]:
@@ -220,8 +220,10 @@ def library(rules) -> ctypes.CDLL | None:
                     lib = _load(key, openmp)
                     break
                 except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-                    _reason = str(err)
-            if lib is not None:
+                    why = str(err)
+            if lib is None:
+                _reason = why
+            else:
                 p, i64 = ctypes.c_void_p, ctypes.c_int64
                 common = [ctypes.POINTER(Rules), p, p, i64, i64]
                 lib.hanabi_step.argtypes = [*common, p, p]
