@@ -73,6 +73,7 @@ from typing import Any
 
 import torch
 
+from mappo import cpu_kernels
 from mappo.config import ConfigError
 
 SETTINGS = ("off", "on", "auto")
@@ -199,6 +200,7 @@ def compile_fn(
     gradients set to None before the next loss) and in the rollout (no autograd), but not for a
     backward that runs after another compiled call, nor for gradients accumulated across calls.
     """
+    cpu_kernels.install()
     fresh = types.FunctionType(
         fn.__code__.replace(),
         fn.__globals__,
