@@ -460,11 +460,18 @@ def test_the_native_library_shares_torchs_openmp_threads():
     assert len(runtimes) == 1, runtimes
 
 
-def test_native_games_copy_and_survive_a_fork():
+@pytest.mark.parametrize("threads", ["torch's", "our own"])
+def test_native_games_copy_and_survive_a_fork(threads, monkeypatch):
     """An env on the native backend deep-copies and pickles (the copy binds the library again,
-    with its own pointers), and a forked child steps it with two threads (the parent's thread
-    pool is not inherited)."""
+    with its own pointers), and a forked child steps it with two threads asked for: neither
+    torch's OpenMP team nor the parent's thread pool (the build for a torch without libgomp)
+    is inherited, so the child steps on one thread."""
     _native_or_skip()
+    from mappo.envs.hanabi import native
+
+    if threads == "our own":
+        monkeypatch.setattr(native, "_torch_uses_libgomp", lambda: False)
+        monkeypatch.setattr(native, "_libraries", {})
     import copy
     import multiprocessing
     import pickle
@@ -486,7 +493,8 @@ def test_native_games_copy_and_survive_a_fork():
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        games.legal_moves()  # the pool exists now
+        games.legal_moves()  # torch's team, or the pool of ours, exists now
+        assert games.native._openmp == (threads == "torch's" and native._torch_uses_libgomp())
         child = multiprocessing.get_context("fork").Process(target=_native_calls, args=(games,))
         child.start()
         child.join(60)

@@ -14,7 +14,13 @@
 #include <stdint.h>
 #include <string.h>
 #ifdef _OPENMP
-#include <omp.h>
+/* The OpenMP build exists to run on torch's own threads, which means GNU's runtime (libgomp,
+ * what torch's Linux wheels load). Clang and Intel's compilers link another runtime (libomp,
+ * libiomp5): a second set of threads beside torch's. Refusing to build here makes native.py use
+ * the build with its own thread pool instead. */
+#if !defined(__GNUC__) || defined(__clang__) || defined(__INTEL_COMPILER)
+#error "the OpenMP build is for GCC (GNU's libgomp); build without -fopenmp"
+#endif
 #endif
 
 typedef struct {
@@ -514,11 +520,13 @@ void hanabi_run(int fn, int threads, const Rules *rules, void **s, const int64_t
                 int64_t rows, int64_t a, int64_t b, void *p0, void *p1, void *p2, void *p3) {
 #ifdef _OPENMP
     if (threads > 1) {
-#pragma omp parallel num_threads(threads)
-        {
-            const int64_t k = omp_get_thread_num(), n = omp_get_num_threads();
+        /* Share k of `threads` equal shares of the rows, handed out by the runtime's own loop
+         * scheduling rather than computed from thread numbers (the same result for any size
+         * of team the runtime grants, one thread included). */
+        const int64_t n = threads;
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t k = 0; k < n; k++)
             run_rows(fn, rules, s, ids, rows * k / n, rows * (k + 1) / n, a, b, p0, p1, p2, p3);
-        }
         return;
     }
 #endif
