@@ -189,11 +189,41 @@ def install() -> bool:
             return False
         if not usable:
             return False
+        _check_instruction_sets_early()
         _patch(
             compiler, async_compile.get_compile_threads, CodeCacheFuture, CppPythonBindingsCodeCache
         )
         _installed = True
         return True
+
+
+def _check_instruction_sets_early() -> None:
+    """Start inductor's checks of which vector instruction sets this CPU's compiler can build
+    for, in background threads, one per candidate.
+
+    Inductor checks them one after another, on the first graph's code generation: a test build
+    and a child process loading it per candidate (avx512 with and without VNNI, avx2 on a
+    recent x86 CPU), about 2.7 s each on a 2-core CPU with an empty cache. Started when the
+    first function is compiled, they run while dynamo traces it; inductor's cached results
+    (per candidate) are then ready when its code generation asks. If code generation asks first,
+    it waits on the same file lock and finds the built test, so nothing is done twice."""
+    try:
+        from torch._inductor import cpu_vec_isa
+
+        candidates = list(cpu_vec_isa.supported_vec_isa_list)
+        supported = cpu_vec_isa.x86_isa_checker() if hasattr(cpu_vec_isa, "x86_isa_checker") else []
+    except Exception:  # noqa: BLE001 - another torch: its checks run as they always do
+        return
+    for isa in candidates:
+        if all(flag in supported for flag in str(isa).split()):
+            threading.Thread(target=_check, args=(isa,), daemon=True).start()
+
+
+def _check(isa: Any) -> None:
+    try:
+        bool(isa)  # runs and caches inductor's check of this instruction set
+    except Exception:  # noqa: BLE001 - inductor repeats it and reports the error itself
+        pass
 
 
 def _patch(compiler: Any, compile_threads: Any, future_type: type, bindings: Any) -> None:
