@@ -104,3 +104,13 @@ def test_a_final_state_given_as_a_function_is_made_once_when_read() -> None:
     assert copy.final_state is first and calls == [1]
     assert EnvStep(**fields, final_state=x).final_state is x
     assert EnvStep(**fields).final_state is None
+
+    # Stacked seeds concatenate their envs' steps: the final states stay unread until asked for.
+    from mappo.learners.seeds import cat_steps
+
+    calls.clear()
+    both = cat_steps([EnvStep(**fields, final_state=make_state) for _ in range(2)])
+    assert calls == [] and torch.equal(both.state, torch.cat([x, x]))
+    assert torch.equal(both.final_state, torch.full((4, 3), 7.0)) and calls == [1, 1]
+    assert cat_steps([EnvStep(**fields, final_state=x)] * 2).final_state.shape == (4, 3)
+    assert cat_steps([EnvStep(**fields)] * 2).final_state is None

@@ -83,9 +83,19 @@ def cat_steps(steps: list[EnvStep]) -> EnvStep:
             return {g: torch.cat([v[g] for v in values]) for g in first}
         raise TypeError(f"cannot concatenate {type(first).__name__}")
 
-    return EnvStep(
-        **{f.name: cat([getattr(s, f.name) for s in steps]) for f in dataclasses.fields(EnvStep)}
-    )
+    fields = {
+        f.name: cat([getattr(s, f.name) for s in steps])
+        for f in dataclasses.fields(EnvStep)
+        if f.name != "final_state"
+    }
+    # The final states stay unread where an env gives them as a function (reading them would
+    # put together a state few training runs ask for, on every step).
+    finals = [s.__dict__["_final_state"] for s in steps]
+    if any(callable(f) for f in finals):
+        fields["final_state"] = lambda: cat([s.final_state for s in steps])
+    else:
+        fields["final_state"] = cat(finals)
+    return EnvStep(**fields)
 
 
 class SeedBlocks:
