@@ -115,3 +115,19 @@ def test_a_failed_combined_build_falls_back_to_one_build_per_kernel(fresh_cache,
     assert cpu_kernels.built["fallbacks"] > before
     for a, b in zip(got, _several_kernels(x, w, 0.5), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_instruction_set_check_runs_once_behind_a_lock() -> None:
+    """The early check replaces inductor's list function by one that holds a lock around the
+    original (two checks at once could leave an instruction set's flags changed): calls give
+    inductor's own answer, and installing again does not wrap it twice."""
+    from torch._inductor import cpu_vec_isa
+
+    assert cpu_kernels.install()
+    wrapped = cpu_vec_isa.valid_vec_isa_list
+    assert getattr(wrapped, "_mappo_locked", False)
+    first = wrapped()
+    assert wrapped() is first  # inductor's cached result, computed once
+    assert str(cpu_vec_isa.pick_vec_isa()) in {str(isa) for isa in first} or not first
+    cpu_kernels._check_instruction_sets_early()
+    assert cpu_vec_isa.valid_vec_isa_list is wrapped

@@ -24,6 +24,7 @@ installed and inductor builds as it always does.
 from __future__ import annotations
 
 import inspect
+import logging
 import re
 import threading
 from typing import Any
@@ -37,6 +38,7 @@ _ENTRY = re.compile(r'extern\s+"C"\s+void\s+kernel\s*\(')
 
 _installed = False
 _lock = threading.Lock()
+_log = logging.getLogger(__name__)
 
 built = {"libraries": 0, "kernels": 0, "fallbacks": 0}
 """Counts in this process: combined libraries started, kernels in them, and combined builds
@@ -138,6 +140,9 @@ def combined_source(kernels: list[tuple[list[str], str]]) -> str:
             f"    }} catch (std::exception const& e) {{\n"
             f"        PyErr_SetString(PyExc_RuntimeError, e.what());\n"
             f"        return nullptr;\n"
+            f"    }} catch (...) {{\n"
+            f'        PyErr_SetString(PyExc_RuntimeError, "kernel {i} failed");\n'
+            f"        return nullptr;\n"
             f"    }}\n"
             f"}}\n"
         )
@@ -198,31 +203,42 @@ def install() -> bool:
 
 
 def _check_instruction_sets_early() -> None:
-    """Start inductor's checks of which vector instruction sets this CPU's compiler can build
-    for, in background threads, one per candidate.
+    """Start inductor's check of which vector instruction sets this CPU's compiler can build for
+    in a background thread.
 
-    Inductor checks them one after another, on the first graph's code generation: a test build
-    and a child process loading it per candidate (avx512 with and without VNNI, avx2 on a
-    recent x86 CPU), about 2.7 s each on a 2-core CPU with an empty cache. Started when the
-    first function is compiled, they run while dynamo traces it; inductor's cached results
-    (per candidate) are then ready when its code generation asks. If code generation asks first,
-    it waits on the same file lock and finds the built test, so nothing is done twice."""
+    Inductor runs it on the first graph's code generation: a test build and a child process
+    loading it per candidate (avx512 with and without VNNI, avx2 on a recent x86 CPU), about
+    2.7 s each on a 2-core CPU with an empty cache, while the main thread waits. Started when the
+    first function is compiled, it runs while dynamo traces. Inductor's list function is
+    replaced by one that holds a lock around it, so code generation waits for the background
+    check (or runs it itself, if first) rather than running it at the same time: the checks
+    change an instruction set's compiler flags while they run, and two at once could leave
+    them changed."""
     try:
         from torch._inductor import cpu_vec_isa
 
-        candidates = list(cpu_vec_isa.supported_vec_isa_list)
-        supported = cpu_vec_isa.x86_isa_checker() if hasattr(cpu_vec_isa, "x86_isa_checker") else []
+        original = cpu_vec_isa.valid_vec_isa_list
+        if not callable(original) or getattr(original, "_mappo_locked", False):
+            return
     except Exception:  # noqa: BLE001 - another torch: its checks run as they always do
         return
-    for isa in candidates:
-        if all(flag in supported for flag in str(isa).split()):
-            threading.Thread(target=_check, args=(isa,), daemon=True).start()
+    lock = threading.Lock()
+
+    def valid_vec_isa_list() -> Any:
+        with lock:
+            return original()
+
+    valid_vec_isa_list._mappo_locked = True  # type: ignore[attr-defined]
+    if hasattr(original, "cache_clear"):
+        valid_vec_isa_list.cache_clear = original.cache_clear  # type: ignore[attr-defined]
+    cpu_vec_isa.valid_vec_isa_list = valid_vec_isa_list
+    threading.Thread(target=_check, args=(valid_vec_isa_list,), daemon=True).start()
 
 
-def _check(isa: Any) -> None:
+def _check(valid_vec_isa_list: Any) -> None:
     try:
-        bool(isa)  # runs and caches inductor's check of this instruction set
-    except Exception:  # noqa: BLE001 - inductor repeats it and reports the error itself
+        valid_vec_isa_list()  # runs and caches inductor's checks
+    except Exception:  # noqa: BLE001 - inductor repeats them and reports the error itself
         pass
 
 
@@ -277,32 +293,42 @@ def _patch(compiler: Any, compile_threads: Any, future_type: type, bindings: Any
 
 def _build(kernels: list[Any], submit: Any, bindings: Any) -> None:
     """Start building ``kernels`` (``Pending`` requests) as one library and give each the way to
-    its function; if the combined build or load fails, each kernel is built on its own."""
+    its function; if the combined build or load fails, the kernels are built one by one as
+    inductor builds them (in parallel where it has compile workers)."""
+    library: dict[str, Any] = {}
+
+    def one_by_one(err: Exception) -> None:
+        built["fallbacks"] += 1
+        if built["fallbacks"] == 1:
+            _log.warning(
+                "building %d kernels one by one: combined build failed: %s", len(kernels), err
+            )
+        library["module"] = None
+        library["each"] = [
+            bindings.load_pybinding_async(k.argtypes, k.source, submit_fn=submit) for k in kernels
+        ]
+
     try:
         source = combined_source([(k.argtypes, k.source) for k in kernels])
         load = bindings.load_async(source, "cpu", submit_fn=submit)
-    except Exception:  # noqa: BLE001 - any failure leaves the kernels to inductor's own path
-        built["fallbacks"] += 1
-        return
-    built["libraries"] += 1
-    built["kernels"] += len(kernels)
-    library: dict[str, Any] = {}
+    except Exception as err:  # noqa: BLE001 - any failure leaves the kernels to inductor's way
+        one_by_one(err)
+    else:
+        built["libraries"] += 1
+        built["kernels"] += len(kernels)
 
     def module() -> Any:
         if "module" not in library:
             try:
                 library["module"] = load()
-            except Exception:  # noqa: BLE001 - as above
-                built["fallbacks"] += 1
-                library["module"] = None
+            except Exception as err:  # noqa: BLE001 - as above
+                one_by_one(err)
         return library["module"]
 
     for i, kernel in enumerate(kernels):
 
-        def resolve(i: int = i, kernel: Any = kernel) -> Any:
-            built = module()
-            if built is None:
-                return bindings.load_pybinding(kernel.argtypes, kernel.source)
-            return getattr(built, f"k{i}")
+        def resolve(i: int = i) -> Any:
+            loaded = module()
+            return library["each"][i]() if loaded is None else getattr(loaded, f"k{i}")
 
         kernel.resolve = resolve
