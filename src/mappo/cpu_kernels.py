@@ -3,8 +3,8 @@
 Inductor writes each fused CPU kernel of a graph as its own C++ source and builds it into its
 own shared library: one ``g++`` call per kernel, each paying about 0.9 s to load inductor's
 precompiled header and 0.4 s to link, while the kernel itself compiles in a few tenths of a
-second. The paper's recurrent Spread preset has 85 kernels in four graphs; on a 2-core CPU its
-cold compile waited 51-54 s on these builds (BENCHMARKS.md, "Cold compile on the CPU").
+second. The paper's recurrent Spread preset made 85 such builds for its four graphs; on a
+2-core CPU its cold compile waited 51-54 s on them (BENCHMARKS.md, "Cold compile on the CPU").
 
 :func:`install` changes how the kernels of a graph's generated module are built: the module
 asks for its kernels one by one (``AsyncCompile.cpp_pybinding``) and then waits for them

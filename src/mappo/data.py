@@ -220,6 +220,12 @@ def _write_final_state(step: EnvStep, value: Tensor | Callable[[], Tensor] | Non
     step.__dict__["_final_state"] = value
 
 
+def final_state_unread(step: EnvStep) -> bool:
+    """Whether ``step.final_state`` is still a function not yet called (reading the field would
+    call it)."""
+    return callable(step.__dict__["_final_state"])
+
+
 # after @dataclass: its __init__ assigns the field, which goes through the property
 EnvStep.final_state = property(_read_final_state, _write_final_state)  # type: ignore[assignment]
 

@@ -50,7 +50,15 @@ from mappo.compiled import (
     wanted,
 )
 from mappo.config import ConfigError, TrainConfig
-from mappo.data import EnvStep, GroupBuffer, LazyGroups, Rollout, step_from_dict, step_to_dict
+from mappo.data import (
+    EnvStep,
+    GroupBuffer,
+    LazyGroups,
+    Rollout,
+    final_state_unread,
+    step_from_dict,
+    step_to_dict,
+)
 from mappo.envs.base import BatchedEnv
 from mappo.envs.registry import make as make_env
 from mappo.learners.ppo import cpu_pays, fuse_env_steps, generator
@@ -90,11 +98,10 @@ def cat_steps(steps: list[EnvStep]) -> EnvStep:
     }
     # The final states stay unread where an env gives them as a function (reading them would
     # put together a state few training runs ask for, on every step).
-    finals = [s.__dict__["_final_state"] for s in steps]
-    if any(callable(f) for f in finals):
+    if any(final_state_unread(s) for s in steps):
         fields["final_state"] = lambda: cat([s.final_state for s in steps])
     else:
-        fields["final_state"] = cat(finals)
+        fields["final_state"] = cat([s.final_state for s in steps])
     return EnvStep(**fields)
 
 
