@@ -372,16 +372,21 @@ def test_compile_setting_is_checked_and_read_from_yaml(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "kind, max_step",
-    [("gru", None), ("gru", 0), ("lstm", None)],  # 0: no step is small enough for SequenceGRU
+    "kind, max_step, native",
+    # 0: no step is small enough for SequenceGRU; native: its loops in C or in torch
+    [("gru", None, True), ("gru", None, False), ("gru", 0, True), ("lstm", None, True)],
 )
-def test_fused_segments_equal_the_step_loop(kind, max_step, monkeypatch):
+def test_fused_segments_equal_the_step_loop(kind, max_step, native, monkeypatch):
     """Eager training runs a GRU on small steps in :class:`SequenceGRU` (its backward written
-    out), and otherwise the recurrence in torch's fused kernel between the steps where some
-    sequence resets or has a state injected; outputs, final state and gradients match the
-    step-by-step loop (which the compiled path and acting use)."""
+    out, its loops in C or in torch), and otherwise the recurrence in torch's fused kernel
+    between the steps where some sequence resets or has a state injected; outputs, final state
+    and gradients match the step-by-step loop (which the compiled path and acting use)."""
+    from mappo.nn import gru_sequence
+
+    monkeypatch.setattr(gru_sequence, "NATIVE", native)
     if max_step is not None:
         monkeypatch.setattr(mappo.nn.layers, "SEQUENCE_MAX_STEP", max_step)
+        monkeypatch.setattr(mappo.nn.layers, "SEQUENCE_NATIVE_MAX_STEP", max_step)
     torch.manual_seed(0)
     core = RecurrentCore(16, kind, 1, layer_norm=True)
     L, B = 12, 5

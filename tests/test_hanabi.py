@@ -372,6 +372,7 @@ def test_the_native_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
     source and the build, the variant's sizes included); a second process finds it there (no
     second build)."""
     _native_or_skip()
+    from mappo import native_build
     from mappo.envs.hanabi import native
 
     monkeypatch.setenv("MAPPO_CACHE_DIR", str(tmp_path))
@@ -390,7 +391,7 @@ def test_the_native_library_is_built_once_into_the_cache(monkeypatch, tmp_path):
     (shared / "native").mkdir(parents=True)
     (shared / "native").chmod(0o777)
     monkeypatch.setenv("MAPPO_CACHE_DIR", str(shared))
-    monkeypatch.setattr(native.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    monkeypatch.setattr(native_build.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     own = native._compile(sizes)
     assert own.parent == tmp_path / "tmp" / f"mappo-{os.getuid()}"
     assert not list((shared / "native").iterdir())

@@ -197,10 +197,16 @@ def _gru_sequence_case(dtype: torch.dtype):
     return core, x, state, starts, inject
 
 
-def test_the_written_out_gru_backward_equals_autograd(monkeypatch) -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["loops in C", "loops in torch"])
+def test_the_written_out_gru_backward_equals_autograd(native, monkeypatch) -> None:
     """:class:`SequenceGRU` (the GRU's backward through time written out, used for training on
     small steps) gives the step loop's outputs, final state and gradients for the inputs, the
-    initial state and every parameter, in double precision to rounding."""
+    initial state and every parameter, in double precision to rounding, with its loops in C
+    and in torch."""
+    from mappo.nn import gru_sequence
+
+    monkeypatch.setattr(gru_sequence, "NATIVE", native)
+    assert (gru_sequence.native_library(torch.float64) is not None) == native
     core, x, state, starts, inject = _gru_sequence_case(torch.float64)
     used = []
     written_out = RecurrentCore._sequence
@@ -233,10 +239,14 @@ def test_the_written_out_gru_backward_equals_autograd(monkeypatch) -> None:
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
 
 
-def test_the_written_out_gru_passes_gradcheck() -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["loops in C", "loops in torch"])
+def test_the_written_out_gru_passes_gradcheck(native, monkeypatch) -> None:
     """Finite differences agree with :class:`SequenceGRU`'s backward (double precision) for the
     step inputs, the initial state, the weight and the bias, across a reset and an injection."""
+    from mappo.nn import gru_sequence
     from mappo.nn.gru_sequence import SequenceGRU
+
+    monkeypatch.setattr(gru_sequence, "NATIVE", native)
 
     torch.manual_seed(2)
     L, M, H = 5, 3, 4
@@ -253,10 +263,103 @@ def test_the_written_out_gru_passes_gradcheck() -> None:
     )
 
 
+def _sequence_grads(gx, h0, weight, bias, keep, inject, cuts, dout):
+    """SequenceGRU's output and the gradients of (gx, h0, weight, bias) for ``dout``."""
+    from mappo.nn.gru_sequence import SequenceGRU
+
+    leaves = [t.detach().requires_grad_() for t in (gx, h0, weight, bias)]
+    out = SequenceGRU.apply(*leaves, keep, inject, cuts)
+    return [out.detach(), *torch.autograd.grad(out, leaves, dout)]
+
+
+@pytest.mark.parametrize(
+    "L, M, H, threads",
+    # 13 rows: three tiles of four and one row left over, split between two threads; 40 units:
+    # a register tile of 32 and 8 left over; 4 rows of 128: JaxMARL's critic, one tile
+    [(30, 13, 40, 2), (30, 13, 40, 1), (128, 4, 128, 2), (7, 2, 3, 2)],
+)
+def test_the_gru_loops_in_c_equal_the_torch_loops_in_float32(L, M, H, threads, monkeypatch):
+    """In float32 the C loops (their own exp, register tiles of rows and columns, rows split
+    between threads) give the torch loops' outputs and gradients to float rounding, across
+    resets of some rows, injected states and tile edges."""
+    from mappo.nn import gru_sequence
+
+    if gru_sequence.native_library(torch.float32) is None:
+        pytest.fail(f"the GRU's C loops did not build: {gru_sequence.unavailable_reason()}")
+    torch.manual_seed(3)
+    gx = torch.randn(L, M, 3 * H) * 2
+    h0, weight = torch.randn(M, H), torch.randn(H, 3 * H) / H**0.5
+    bias, dout = torch.randn(3 * H), torch.randn(L, M, H)
+    keep = torch.ones(L, M, 1)
+    keep[L // 2, ::2] = 0.0
+    inject = torch.zeros(L, M, H)
+    inject[L // 2, ::3] = torch.randn(H)
+    cuts = [0, L // 2]
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    c_loops = _sequence_grads(gx, h0, weight, bias, keep, inject, cuts, dout)
+    monkeypatch.setattr(gru_sequence, "NATIVE", False)
+    torch_loops = _sequence_grads(gx, h0, weight, bias, keep, inject, cuts, dout)
+    for got, want in zip(c_loops, torch_loops, strict=True):
+        assert want.abs().max() > 0
+        scale = want.abs().max().item()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5 * scale)
+
+
+def test_the_gru_loops_fall_back_to_torch_without_a_compiler(monkeypatch, tmp_path):
+    """Where the C file does not build (here: no such compiler), SequenceGRU runs its torch
+    loops and says why the C loops are missing."""
+    from mappo.nn import gru_sequence
+
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("MAPPO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(gru_sequence, "_libraries", {})
+    assert gru_sequence.native_library(torch.float32) is None
+    assert "no C compiler found" in gru_sequence.unavailable_reason()
+    torch.manual_seed(4)
+    args = torch.randn(5, 3, 12), torch.randn(3, 4), torch.randn(4, 12), torch.randn(12)
+    got = _sequence_grads(*args, torch.ones(5, 3, 1), None, [0], torch.randn(5, 3, 4))
+    assert all(torch.isfinite(g).all() for g in got)
+
+
+def _forward_in_c(args, keep):
+    """SequenceGRU's output (its forward loop in C, as an array: a tensor would go back to a
+    parent through torch's shared-memory handover) and the threads it would use for 16 rows."""
+    from mappo.nn import gru_sequence
+    from mappo.nn.gru_sequence import SequenceGRU
+
+    leaves = [t.detach().requires_grad_() for t in args]
+    out = SequenceGRU.apply(*leaves, keep, None, [0])
+    return out.detach().numpy(), gru_sequence._threads(16)
+
+
+def test_the_gru_loops_in_c_run_in_a_forked_child() -> None:
+    """A forked child (an environment worker) runs the C loops on one thread rather than
+    waiting on its parent's OpenMP team, and gets the parent's results. (Its forward only:
+    torch's own matrix products can wait forever in such a child once the parent has used
+    OpenMP, whichever loops ran.)"""
+    import multiprocessing
+
+    from mappo.nn import gru_sequence
+
+    if gru_sequence.native_library(torch.float32) is None:
+        pytest.fail(f"the GRU's C loops did not build: {gru_sequence.unavailable_reason()}")
+    torch.manual_seed(5)
+    args = torch.randn(20, 16, 96), torch.randn(16, 32), torch.randn(32, 96) / 6, torch.randn(96)
+    keep = torch.ones(20, 16, 1)
+    want, threads = _forward_in_c(args, keep)  # on two threads here: OpenMP's team made
+    assert threads == min(torch.get_num_threads(), 4)
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        got, threads = pool.apply_async(_forward_in_c, (args, keep)).get(timeout=60)
+    assert threads == 1
+    torch.testing.assert_close(torch.from_numpy(got), torch.from_numpy(want), rtol=0, atol=1e-6)
+
+
 def test_gru_inference_and_large_steps_keep_autograd_s_path(monkeypatch) -> None:
     """Without gradients, inside ``torch.func.grad``, with steps above ``SEQUENCE_MAX_STEP``
-    rows x units, or for an LSTM, the sequence does not go through :class:`SequenceGRU`."""
+    rows x units (``SEQUENCE_NATIVE_MAX_STEP`` where its loops run in C), or for an LSTM, the
+    sequence does not go through :class:`SequenceGRU`."""
     import mappo.nn.layers
+    from mappo.nn import gru_sequence
 
     core, x, state, starts, inject = _gru_sequence_case(torch.float32)
     used = []
@@ -277,10 +380,15 @@ def test_gru_inference_and_large_steps_keep_autograd_s_path(monkeypatch) -> None
     for g, w in zip(grads.values(), want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
     assert used == [1]  # only the plain autograd call above
-    used.clear()
-    monkeypatch.setattr(mappo.nn.layers, "SEQUENCE_MAX_STEP", x[0].numel() - 1)
-    core(x, state, starts, inject)
-    assert used == []
-    monkeypatch.setattr(mappo.nn.layers, "SEQUENCE_MAX_STEP", x[0].numel())
-    core(x, state, starts, inject)
-    assert used == [1]
+    # the bound for the torch loops, and where they run in C, the C loops' bound
+    for native, bound in ((False, "SEQUENCE_MAX_STEP"), (True, "SEQUENCE_NATIVE_MAX_STEP")):
+        monkeypatch.setattr(gru_sequence, "NATIVE", native)
+        if native and gru_sequence.native_library(x.dtype) is None:
+            pytest.fail(f"the GRU's C loops did not build: {gru_sequence.unavailable_reason()}")
+        used.clear()
+        monkeypatch.setattr(mappo.nn.layers, bound, x[0].numel() - 1)
+        core(x, state, starts, inject)
+        assert used == []
+        monkeypatch.setattr(mappo.nn.layers, bound, x[0].numel())
+        core(x, state, starts, inject)
+        assert used == [1]

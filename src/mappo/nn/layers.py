@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mappo.nn.gru_sequence import SequenceGRU
+from mappo.nn.gru_sequence import SequenceGRU, native_library
 
 
 class AgentLinear(nn.Module):
@@ -128,7 +128,15 @@ SEQUENCE_MAX_STEP = 2048
 of ops per step, which it cuts: JaxMARL's recurrent settings (12 rows x 128 units for the actor,
 4 x 128 for the critic) trained 1.86x faster. With larger steps its bulk passes over all steps
 cost more than they save: at 96 x 64 (a value-family batch of whole episodes) and 480-960 x 64
-(the paper's chunks) autograd's path was 1.3-2x faster (BENCHMARKS.md, "Recurrent training")."""
+(the paper's chunks) autograd's path was 1.3-2x faster (BENCHMARKS.md, "Recurrent training").
+That is the bound for its torch loops; where its loops run in C (a CPU, float32 or float64,
+:func:`~mappo.nn.gru_sequence.native_library`) the bound is :data:`SEQUENCE_NATIVE_MAX_STEP`."""
+
+SEQUENCE_NATIVE_MAX_STEP = 131072
+"""The bound of :data:`SEQUENCE_MAX_STEP` where :class:`~mappo.nn.gru_sequence.SequenceGRU`'s
+loops run in C: the C loops were faster than autograd's path from 4 x 128 (8.8x) through
+960 x 64 (1.4x) to 2,048 x 64 and 1,024 x 128 (1.2-1.4x) rows x units, forward and backward of
+a sequence on two threads (BENCHMARKS.md); beyond, torch's matrix products win."""
 
 
 class RecurrentCore(nn.Module):
@@ -217,9 +225,10 @@ class RecurrentCore(nn.Module):
         small steps, with autograd on, through the input or the parameters, no gradient into
         ``inject``, and outside ``torch.func`` transforms (the gradient step's ``grad``, the
         stacked seeds' ``vmap``), which would need the Function's own rules for them."""
+        native = x.device.type == "cpu" and native_library(x.dtype) is not None
         return (
             self.kind == "gru"
-            and x[0].numel() <= SEQUENCE_MAX_STEP
+            and x[0].numel() <= (SEQUENCE_NATIVE_MAX_STEP if native else SEQUENCE_MAX_STEP)
             and torch.is_grad_enabled()
             and not torch.is_autocast_enabled("cpu")  # its out= buffers take the input's dtype
             and torch._C._functorch.peek_interpreter_stack() is None

@@ -21,20 +21,17 @@ threads of ours. Where no compiler works, :func:`library` returns ``None`` with 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shlex
-import shutil
 import subprocess
-import sys
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from mappo import native_build
+from mappo.native_build import cache_dir  # noqa: F401  (where the libraries are kept)
 
 FIELDS = (
     "deck",
@@ -104,12 +101,6 @@ class Rules(ctypes.Structure):
     ]
 
 
-def cache_dir() -> Path:
-    """Where compiled libraries are kept: ``$MAPPO_CACHE_DIR`` or ``~/.cache/mappo``."""
-    root = os.environ.get("MAPPO_CACHE_DIR")
-    return Path(root) if root else Path.home() / ".cache" / "mappo"
-
-
 def _sizes(rules) -> tuple[int, ...]:
     """A variant's sizes in the order of the C code's ``Rules`` (and of :class:`Rules`)."""
     return (
@@ -126,81 +117,18 @@ def _sizes(rules) -> tuple[int, ...]:
 
 
 def _torch_uses_libgomp() -> bool:
-    """Whether torch's OpenMP runtime in this process is GNU's ``libgomp`` (torch's Linux
-    wheels ship one): a library built with ``-fopenmp`` then shares its threads."""
-    try:
-        with open("/proc/self/maps") as maps:
-            return any("/libgomp" in line for line in maps)
-    except OSError:  # not Linux
-        return False
+    """Whether torch's OpenMP runtime is GNU's ``libgomp`` (:mod:`mappo.native_build`)."""
+    return native_build.torch_uses_libgomp()
 
 
 def _compile(sizes: tuple[int, ...], rebuild: bool = False, openmp: bool = False) -> Path:
     """The path of the library for a variant of these ``sizes`` (:func:`_sizes`, compiled in as
     constants; with ``openmp``, built with ``-fopenmp``), compiling it first if no cached copy
     exists (or always, with ``rebuild``). Raises ``RuntimeError`` naming what failed."""
-    command = shlex.split(os.environ.get("CC", "cc")) or ["cc"]  # e.g. CC="ccache gcc"
-    if shutil.which(command[0]) is None:
-        raise RuntimeError(f"no C compiler found ({command[0]!r}; set $CC to one)")
-    source = _SOURCE.read_bytes()
     names = [name for name, _ in Rules._fields_[: len(sizes)]]
     defines = [f"-DHANABI_{name}={value}" for name, value in zip(names, sizes, strict=True)]
     flags = (*_FLAGS, *(["-fopenmp"] if openmp else []), *defines)
-    # the machine too: a home shared between x86-64 and ARM hosts keeps one library per kind
-    build = " ".join((*command, *flags, sys.platform, platform.machine())).encode()
-    name = f"hanabi-{hashlib.sha256(source + build).hexdigest()[:16]}.so"
-    # the user's cache, else (a read-only home, as on some clusters) a folder of the user's own
-    # in the temporary directory
-    folders = []
-    try:
-        folders.append(cache_dir() / "native")
-    except RuntimeError:  # no home directory to be found
-        pass
-    if hasattr(os, "getuid"):
-        folders.append(Path(tempfile.gettempdir()) / f"mappo-{os.getuid()}")
-    if not rebuild:
-        for folder in folders:
-            if (folder / name).exists() and _trusted(folder):
-                return folder / name
-    for folder in folders:
-        try:
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        except OSError:
-            continue
-        if os.access(folder, os.W_OK) and _trusted(folder):
-            break
-    else:
-        raise RuntimeError(
-            "no folder of this user's to write the compiled library to (tried "
-            f"{', '.join(map(str, folders)) or 'none'}; set MAPPO_CACHE_DIR)"
-        )
-    target = folder / name
-    # compile beside the target and rename: processes starting together never load half a file
-    fd, partial = tempfile.mkstemp(dir=folder, suffix=".so.partial")
-    os.close(fd)
-    try:
-        done = subprocess.run(
-            [*command, *flags, "-o", partial, str(_SOURCE)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"{command[0]} failed: {done.stderr.strip()[:500]}")
-        os.replace(partial, target)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
-    return target
-
-
-def _trusted(folder: Path) -> bool:
-    """Whether a library in ``folder`` may be loaded: the folder is this user's and nobody else
-    can write into it (a shared temporary directory could hold someone else's file)."""
-    if not hasattr(os, "getuid"):
-        return True
-    info = folder.stat()
-    return info.st_uid == os.getuid() and not info.st_mode & 0o022
+    return native_build.build(_SOURCE, "hanabi", flags, rebuild)
 
 
 def library(rules) -> ctypes.CDLL | None:

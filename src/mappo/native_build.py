@@ -1,0 +1,134 @@
+"""Building and caching the library's own small C files (Hanabi's step, the GRU's loop).
+
+A C file of this package is compiled on first use with the system's C compiler (``$CC``, else
+``cc``) into a shared library cached under ``$MAPPO_CACHE_DIR`` (default ``~/.cache/mappo``),
+named by a hash of the source, the flags and the machine, and loaded with ``ctypes`` by its
+caller; nothing outside this package's own source is compiled or loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Where compiled libraries are kept: ``$MAPPO_CACHE_DIR`` or ``~/.cache/mappo``."""
+    root = os.environ.get("MAPPO_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "mappo"
+
+
+def torch_uses_libgomp() -> bool:
+    """Whether torch's OpenMP runtime in this process is GNU's ``libgomp`` (torch's Linux
+    wheels ship one): a library built with ``-fopenmp`` then shares its threads."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return any("/libgomp" in line for line in maps)
+    except OSError:  # not Linux
+        return False
+
+
+_forked = False
+
+
+def forked() -> bool:
+    """Whether this process is a forked child: its OpenMP team is its parent's, so a library
+    built with ``-fopenmp`` runs on one thread there."""
+    return _forked
+
+
+def _after_fork() -> None:
+    global _forked
+    _forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def cpu_flags() -> str:
+    """The CPU's feature flags as Linux lists them ("" elsewhere): part of the name of a
+    library built for this CPU's instruction sets (``-march=native``), so that a home shared
+    between hosts of different CPUs keeps one library per kind."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def build(
+    source: Path, stem: str, flags: tuple[str, ...], rebuild: bool = False, key: str = ""
+) -> Path:
+    """The path of ``source`` compiled with ``flags`` (a library named ``stem-<hash>.so``),
+    compiling it first if no cached copy exists (or always, with ``rebuild``); ``key`` is
+    anything else the build depends on. Raises ``RuntimeError`` naming what failed."""
+    command = shlex.split(os.environ.get("CC", "cc")) or ["cc"]  # e.g. CC="ccache gcc"
+    if shutil.which(command[0]) is None:
+        raise RuntimeError(f"no C compiler found ({command[0]!r}; set $CC to one)")
+    text = source.read_bytes()
+    # the machine too: a home shared between x86-64 and ARM hosts keeps one library per kind
+    what = " ".join((*command, *flags, sys.platform, platform.machine(), key)).encode()
+    name = f"{stem}-{hashlib.sha256(text + what).hexdigest()[:16]}.so"
+    # the user's cache, else (a read-only home, as on some clusters) a folder of the user's own
+    # in the temporary directory
+    folders = []
+    try:
+        folders.append(cache_dir() / "native")
+    except RuntimeError:  # no home directory to be found
+        pass
+    if hasattr(os, "getuid"):
+        folders.append(Path(tempfile.gettempdir()) / f"mappo-{os.getuid()}")
+    if not rebuild:
+        for folder in folders:
+            if (folder / name).exists() and trusted(folder):
+                return folder / name
+    for folder in folders:
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(folder, os.W_OK) and trusted(folder):
+            break
+    else:
+        raise RuntimeError(
+            "no folder of this user's to write the compiled library to (tried "
+            f"{', '.join(map(str, folders)) or 'none'}; set MAPPO_CACHE_DIR)"
+        )
+    target = folder / name
+    # compile beside the target and rename: processes starting together never load half a file
+    fd, partial = tempfile.mkstemp(dir=folder, suffix=".so.partial")
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [*command, *flags, "-o", partial, str(source)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{command[0]} failed: {done.stderr.strip()[:500]}")
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return target
+
+
+def trusted(folder: Path) -> bool:
+    """Whether a library in ``folder`` may be loaded: the folder is this user's and nobody else
+    can write into it (a shared temporary directory could hold someone else's file)."""
+    if not hasattr(os, "getuid"):
+        return True
+    info = folder.stat()
+    return info.st_uid == os.getuid() and not info.st_mode & 0o022
