@@ -245,9 +245,11 @@ def _native_forward(
     """:meth:`SequenceGRU.forward` in ``gru_native.c``; saves what its backward reads."""
     L, M, G = gx.shape
     H = G // 3
-    gx, h0, weight, bias = (t.contiguous() for t in (gx, h0, weight, bias))
-    keep = keep.reshape(L, M).contiguous()
-    inject = None if inject is None else inject.contiguous()
+    # the C code reads raw memory: every array contiguous and of gx's dtype
+    gx = gx.contiguous()
+    h0, weight, bias = (t.to(gx.dtype).contiguous() for t in (h0, weight, bias))
+    keep = keep.reshape(L, M).to(gx.dtype).contiguous()
+    inject = None if inject is None else inject.to(gx.dtype).contiguous()
     cut = torch.zeros(L, dtype=torch.uint8)
     cut[sorted(set(cuts))] = 1
     out, prev, n, hn = (gx.new_empty(L, M, H) for _ in range(4))
@@ -266,7 +268,7 @@ def _native_backward(ctx: Any, dout: Tensor) -> tuple[Tensor | None, ...]:
     then one matrix product and one sum over all steps."""
     weight, keep, cut, prev, rz, n, hn = ctx.saved_tensors
     L, M, H = n.shape
-    dout = dout.contiguous()
+    dout = dout.to(n.dtype).contiguous()
     w_t = weight.T.contiguous()  # [3H, H]: the loop's product reads rows
     dgx, dgh = (dout.new_empty(L, M, 3 * H) for _ in range(2))
     dh, scratch = dout.new_empty(M, H), dout.new_empty(M, H)
