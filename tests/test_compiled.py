@@ -384,6 +384,10 @@ def test_fused_segments_equal_the_step_loop(kind, max_step, native, monkeypatch)
     from mappo.nn import gru_sequence
 
     monkeypatch.setattr(gru_sequence, "NATIVE", native)
+    if native:
+        assert gru_sequence.native_library(torch.float32) is not None, (
+            gru_sequence.unavailable_reason()
+        )
     if max_step is not None:
         monkeypatch.setattr(mappo.nn.layers, "SEQUENCE_MAX_STEP", max_step)
         monkeypatch.setattr(mappo.nn.layers, "SEQUENCE_NATIVE_MAX_STEP", max_step)

@@ -272,37 +272,40 @@ def _sequence_grads(gx, h0, weight, bias, keep, inject, cuts, dout):
     return [out.detach(), *torch.autograd.grad(out, leaves, dout)]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize(
     "L, M, H, threads",
     # 13 rows: three tiles of four and one row left over, split between two threads; 40 units:
-    # a register tile of 32 and 8 left over; 4 rows of 128: JaxMARL's critic, one tile
-    [(30, 13, 40, 2), (30, 13, 40, 1), (128, 4, 128, 2), (7, 2, 3, 2)],
+    # register tiles of 32 floats or 16 doubles and the rest; 4 rows of 128: JaxMARL's critic,
+    # one tile; 6 rows of 3 units: a tile and a half, no whole register tile
+    [(30, 13, 40, 2), (30, 13, 40, 1), (128, 4, 128, 2), (7, 6, 3, 2)],
 )
-def test_the_gru_loops_in_c_equal_the_torch_loops_in_float32(L, M, H, threads, monkeypatch):
-    """In float32 the C loops (their own exp, register tiles of rows and columns, rows split
-    between threads) give the torch loops' outputs and gradients to float rounding, across
-    resets of some rows, injected states and tile edges."""
+def test_the_gru_loops_in_c_equal_the_torch_loops(L, M, H, threads, dtype, monkeypatch):
+    """The C loops (their own exp in float32, register tiles of rows and columns, rows split
+    between threads) give the torch loops' outputs and gradients to rounding, across resets of
+    some rows, injected states, tile edges and an input that is not contiguous."""
     from mappo.nn import gru_sequence
 
-    if gru_sequence.native_library(torch.float32) is None:
+    if gru_sequence.native_library(dtype) is None:
         pytest.fail(f"the GRU's C loops did not build: {gru_sequence.unavailable_reason()}")
     torch.manual_seed(3)
-    gx = torch.randn(L, M, 3 * H) * 2
-    h0, weight = torch.randn(M, H), torch.randn(H, 3 * H) / H**0.5
-    bias, dout = torch.randn(3 * H), torch.randn(L, M, H)
-    keep = torch.ones(L, M, 1)
+    gx = (torch.randn(M, L, 3 * H, dtype=dtype) * 2).transpose(0, 1)  # [L, M, 3H], strided
+    h0, weight = torch.randn(M, H, dtype=dtype), torch.randn(H, 3 * H, dtype=dtype) / H**0.5
+    bias, dout = torch.randn(3 * H, dtype=dtype), torch.randn(L, M, H, dtype=dtype)
+    keep = torch.ones(L, M, 1, dtype=dtype)
     keep[L // 2, ::2] = 0.0
-    inject = torch.zeros(L, M, H)
-    inject[L // 2, ::3] = torch.randn(H)
+    inject = torch.zeros(L, M, H, dtype=dtype)
+    inject[L // 2, ::3] = torch.randn(H, dtype=dtype)
     cuts = [0, L // 2]
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     c_loops = _sequence_grads(gx, h0, weight, bias, keep, inject, cuts, dout)
     monkeypatch.setattr(gru_sequence, "NATIVE", False)
     torch_loops = _sequence_grads(gx, h0, weight, bias, keep, inject, cuts, dout)
+    rtol, atol = (1e-4, 2e-5) if dtype == torch.float32 else (1e-11, 1e-12)
     for got, want in zip(c_loops, torch_loops, strict=True):
         assert want.abs().max() > 0
         scale = want.abs().max().item()
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=2e-5 * scale)
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol * scale)
 
 
 def test_the_gru_loops_fall_back_to_torch_without_a_compiler(monkeypatch, tmp_path):
@@ -313,6 +316,7 @@ def test_the_gru_loops_fall_back_to_torch_without_a_compiler(monkeypatch, tmp_pa
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("MAPPO_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(gru_sequence, "_libraries", {})
+    monkeypatch.setattr(gru_sequence, "_reason", None)
     assert gru_sequence.native_library(torch.float32) is None
     assert "no C compiler found" in gru_sequence.unavailable_reason()
     torch.manual_seed(4)

@@ -8,6 +8,7 @@ caller; nothing outside this package's own source is compiled or loaded.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -53,18 +54,25 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
-def cpu_flags() -> str:
-    """The CPU's feature flags as Linux lists them ("" elsewhere): part of the name of a
-    library built for this CPU's instruction sets (``-march=native``), so that a home shared
-    between hosts of different CPUs keeps one library per kind."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith(("flags", "Features")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
+@functools.cache
+def native_target() -> str:
+    """What ``-march=native`` means to the C compiler here (its predefined macros, which name
+    every instruction set it will use), as a key for a library built with it: hosts whose CPUs
+    differ get libraries of their own even where they share a cache (and even where a
+    virtualised ``/proc/cpuinfo`` looks the same). Raises ``RuntimeError`` where the compiler
+    cannot say."""
+    command = shlex.split(os.environ.get("CC", "cc")) or ["cc"]
+    if shutil.which(command[0]) is None:
+        raise RuntimeError(f"no C compiler found ({command[0]!r}; set $CC to one)")
+    done = subprocess.run(
+        [*command, "-march=native", "-E", "-dM", "-x", "c", os.devnull],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{command[0]} -march=native failed: {done.stderr.strip()[:300]}")
+    return hashlib.sha256(done.stdout.encode()).hexdigest()
 
 
 def build(
@@ -78,7 +86,8 @@ def build(
         raise RuntimeError(f"no C compiler found ({command[0]!r}; set $CC to one)")
     text = source.read_bytes()
     # the machine too: a home shared between x86-64 and ARM hosts keeps one library per kind
-    what = " ".join((*command, *flags, sys.platform, platform.machine(), key)).encode()
+    parts = (*command, *flags, sys.platform, platform.machine(), *([key] if key else []))
+    what = " ".join(parts).encode()
     name = f"{stem}-{hashlib.sha256(text + what).hexdigest()[:16]}.so"
     # the user's cache, else (a read-only home, as on some clusters) a folder of the user's own
     # in the temporary directory

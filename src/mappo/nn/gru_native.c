@@ -25,7 +25,7 @@
  * vectors. */
 #define VL (int64_t)(64 / sizeof(REAL))
 #define NT (2 * VL)
-typedef REAL vec __attribute__((vector_size(64), aligned(sizeof(REAL))));
+typedef REAL vec __attribute__((vector_size(64), aligned(sizeof(REAL)), __may_alias__));
 static inline vec load(const REAL *p) { return *(const vec *)p; }
 static inline void store(REAL *p, vec v) { *(vec *)p = v; }
 
@@ -46,7 +46,8 @@ static inline float exp_f(float x) {
     p = p * r + 0.5f;
     p = p * r + 1.0f;
     p = p * r + 1.0f;
-    int32_t bits = ((int32_t)k + 127) << 23;
+    /* (k == k: a NaN input keeps NaN in p but must not reach the conversion) */
+    int32_t bits = ((int32_t)(k == k ? k : 0.0f) + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
     return p * scale;
@@ -57,6 +58,8 @@ static inline REAL sigmoid_(REAL x) {
     return (REAL)(1.0 / (1.0 + exp(-(double)x)));
 }
 
+/* tanh from exp: within 2e-7 absolutely (not relatively near 0, where the GRU's state adds
+ * terms of order one anyway) */
 static inline REAL tanh_(REAL x) {
     if (REAL_IS_FLOAT) return (REAL)(1.0f - 2.0f / (1.0f + exp_f(2.0f * (float)x)));
     return (REAL)tanh((double)x);

@@ -64,19 +64,24 @@ def native_library(dtype: torch.dtype) -> ctypes.CDLL | None:
         return None
     with _lock:
         if dtype not in _libraries:
-            lib = None
-            # for this CPU's instruction sets where the CPU's flags can name the build, else
-            # for the architecture's baseline; with torch's libgomp, built to share its threads
-            cpu = native_build.cpu_flags()
+            lib, why = None, ""
+            # for this CPU's instruction sets (the library named by what -march=native means
+            # to the compiler), else for the architecture's baseline; with torch's libgomp,
+            # built to share its threads
+            try:
+                arch = [(["-march=native"], native_build.native_target()), ([], "")]
+            except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+                arch, why = [([], "")], str(err)
             openmp = [["-fopenmp"], []] if native_build.torch_uses_libgomp() else [[]]
-            arch = [(["-march=native"], cpu), ([], "")] if cpu else [([], "")]
             for extra, key in [(a + o, k) for a, k in arch for o in openmp]:
                 options = (*_FLAGS, *extra, f"-DREAL={_TYPES[dtype]}")
                 try:
                     lib = _load(options, key)
                     break
                 except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-                    _reason = str(err)
+                    why = str(err)
+            if lib is None:
+                _reason = why
             if lib is not None:
                 i64, p = ctypes.c_int64, ctypes.c_void_p
                 c_int = ctypes.c_int
@@ -127,8 +132,10 @@ class SequenceGRU(torch.autograd.Function):
         ``[L, M, H]`` the state after each step (the GRU's output; the last row is the final
         state).
 
-    ``h0`` and the output are saved for the backward, so neither may be changed in place
-    before it (autograd raises if they are). First-order reverse mode only: no double
+    With the torch loops ``h0`` and the output are saved for the backward, so neither may be
+    changed in place before it (autograd raises if they are); the C loops save copies of their
+    own. Every tensor argument has ``gx``'s dtype (where one does not, the torch loops run and
+    torch's type checks apply). First-order reverse mode only: no double
     backward, forward-mode AD or ``torch.func`` transforms (``RecurrentCore`` uses autograd's
     path there).
     """
@@ -146,7 +153,8 @@ class SequenceGRU(torch.autograd.Function):
     ) -> Tensor:
         L, M, G = gx.shape
         H = G // 3
-        lib = native_library(gx.dtype) if gx.device.type == "cpu" else None
+        same = all(t.dtype == gx.dtype for t in (h0, weight, bias, keep, inject) if t is not None)
+        lib = native_library(gx.dtype) if gx.device.type == "cpu" and same else None
         if lib is not None:
             return _native_forward(ctx, lib, gx, h0, weight, bias, keep, inject, cuts)
         ctx.native = None
@@ -245,11 +253,10 @@ def _native_forward(
     """:meth:`SequenceGRU.forward` in ``gru_native.c``; saves what its backward reads."""
     L, M, G = gx.shape
     H = G // 3
-    # the C code reads raw memory: every array contiguous and of gx's dtype
-    gx = gx.contiguous()
-    h0, weight, bias = (t.to(gx.dtype).contiguous() for t in (h0, weight, bias))
-    keep = keep.reshape(L, M).to(gx.dtype).contiguous()
-    inject = None if inject is None else inject.to(gx.dtype).contiguous()
+    # the C code reads raw memory: every array contiguous (all of gx's dtype, checked above)
+    gx, h0, weight, bias = (t.contiguous() for t in (gx, h0, weight, bias))
+    keep = keep.reshape(L, M).contiguous()
+    inject = None if inject is None else inject.contiguous()
     cut = torch.zeros(L, dtype=torch.uint8)
     cut[sorted(set(cuts))] = 1
     out, prev, n, hn = (gx.new_empty(L, M, H) for _ in range(4))
@@ -257,7 +264,7 @@ def _native_forward(
     scratch = gx.new_empty(M, G)
     tensors = (gx, h0, weight, bias, keep, inject, cut, out, prev, rz, n, hn, scratch)
     lib.gru_forward(_threads(M), L, M, H, *map(_ptr, tensors))
-    ctx.native = lib
+    ctx.native, ctx.h0_shape = lib, h0.shape
     ctx.save_for_backward(weight, keep, cut, prev, rz, n, hn)
     return out
 
@@ -268,7 +275,7 @@ def _native_backward(ctx: Any, dout: Tensor) -> tuple[Tensor | None, ...]:
     then one matrix product and one sum over all steps."""
     weight, keep, cut, prev, rz, n, hn = ctx.saved_tensors
     L, M, H = n.shape
-    dout = dout.to(n.dtype).contiguous()
+    dout = dout.contiguous()
     w_t = weight.T.contiguous()  # [3H, H]: the loop's product reads rows
     dgx, dgh = (dout.new_empty(L, M, 3 * H) for _ in range(2))
     dh, scratch = dout.new_empty(M, H), dout.new_empty(M, H)
@@ -277,4 +284,5 @@ def _native_backward(ctx: Any, dout: Tensor) -> tuple[Tensor | None, ...]:
     need_gx, need_h0, need_w, need_b = ctx.needs_input_grad[:4]
     dweight = prev.reshape(L * M, H).T @ dgh.reshape(L * M, 3 * H) if need_w else None
     dbias = dgh.sum((0, 1)) if need_b else None
-    return dgx if need_gx else None, dh if need_h0 else None, dweight, dbias, None, None, None
+    dh0 = dh.reshape(ctx.h0_shape) if need_h0 else None
+    return dgx if need_gx else None, dh0, dweight, dbias, None, None, None

@@ -225,16 +225,22 @@ class RecurrentCore(nn.Module):
         small steps, with autograd on, through the input or the parameters, no gradient into
         ``inject``, and outside ``torch.func`` transforms (the gradient step's ``grad``, the
         stacked seeds' ``vmap``), which would need the Function's own rules for them."""
-        native = x.device.type == "cpu" and native_library(x.dtype) is not None
         return (
             self.kind == "gru"
-            and x[0].numel() <= (SEQUENCE_NATIVE_MAX_STEP if native else SEQUENCE_MAX_STEP)
             and torch.is_grad_enabled()
             and not torch.is_autocast_enabled("cpu")  # its out= buffers take the input's dtype
             and torch._C._functorch.peek_interpreter_stack() is None
             and (x.requires_grad or self.hidden_proj.weight.requires_grad)
             and (inject is None or not inject.requires_grad)
+            and x[0].numel() <= self._sequence_bound(x.dtype)
         )
+
+    @staticmethod
+    def _sequence_bound(dtype: torch.dtype) -> int:
+        """Rows x units per step up to which :class:`SequenceGRU` trains: higher where its
+        loops run in C (the library is built on first use, so this is asked last)."""
+        native = native_library(dtype) is not None
+        return SEQUENCE_NATIVE_MAX_STEP if native else SEQUENCE_MAX_STEP
 
     def _sequence(
         self, x: Tensor, state: Tensor, keep: Tensor, inject: Tensor | None, cuts: list[int]
