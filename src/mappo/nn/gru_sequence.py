@@ -82,7 +82,7 @@ def native_library(dtype: torch.dtype) -> ctypes.CDLL | None:
                     why = str(err)
             if lib is None:
                 _reason = why
-            if lib is not None:
+            else:
                 i64, p = ctypes.c_int64, ctypes.c_void_p
                 c_int = ctypes.c_int
                 lib.gru_forward.argtypes = [c_int, i64, i64, i64, *[p] * 13]
@@ -135,9 +135,8 @@ class SequenceGRU(torch.autograd.Function):
     With the torch loops ``h0`` and the output are saved for the backward, so neither may be
     changed in place before it (autograd raises if they are); the C loops save copies of their
     own. Every tensor argument has ``gx``'s dtype (where one does not, the torch loops run and
-    torch's type checks apply). First-order reverse mode only: no double
-    backward, forward-mode AD or ``torch.func`` transforms (``RecurrentCore`` uses autograd's
-    path there).
+    torch's type checks apply). First-order reverse mode only: no double backward, forward-mode
+    AD or ``torch.func`` transforms (``RecurrentCore`` uses autograd's path there).
     """
 
     @staticmethod
