@@ -8,6 +8,7 @@ caller; nothing outside this package's own source is compiled or loaded.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
@@ -141,3 +142,21 @@ def trusted(folder: Path) -> bool:
         return True
     info = folder.stat()
     return info.st_uid == os.getuid() and not info.st_mode & 0o022
+
+
+def load_first(
+    source: Path, stem: str, candidates: list[tuple[tuple[str, ...], str]]
+) -> tuple[ctypes.CDLL | None, str]:
+    """``source`` built (:func:`build`) and loaded with the first of ``candidates`` (flags and
+    key, best first) that works, and ``""``; or ``None`` and why the last one failed. A cached
+    library that does not load (truncated, built for another CPU) is rebuilt once."""
+    why = ""
+    for flags, key in candidates:
+        try:
+            try:
+                return ctypes.CDLL(str(build(source, stem, flags, key=key))), ""
+            except OSError:
+                return ctypes.CDLL(str(build(source, stem, flags, True, key))), ""
+        except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+            why = str(err)
+    return None, why

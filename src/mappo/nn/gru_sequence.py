@@ -64,22 +64,19 @@ def native_library(dtype: torch.dtype) -> ctypes.CDLL | None:
         return None
     with _lock:
         if dtype not in _libraries:
-            lib, why = None, ""
             # for this CPU's instruction sets (the library named by what -march=native means
             # to the compiler), else for the architecture's baseline; with torch's libgomp,
             # built to share its threads
+            arch = [([], "")]
             try:
-                arch = [(["-march=native"], native_build.native_target()), ([], "")]
-            except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-                arch, why = [([], "")], str(err)
+                arch.insert(0, (["-march=native"], native_build.native_target()))
+            except (OSError, RuntimeError, subprocess.SubprocessError):
+                pass  # a compiler without -march=native: the baseline build only
             openmp = [["-fopenmp"], []] if native_build.torch_uses_libgomp() else [[]]
-            for extra, key in [(a + o, k) for a, k in arch for o in openmp]:
-                options = (*_FLAGS, *extra, f"-DREAL={_TYPES[dtype]}")
-                try:
-                    lib = _load(options, key)
-                    break
-                except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-                    why = str(err)
+            candidates = [
+                ((*_FLAGS, *a, *o, f"-DREAL={_TYPES[dtype]}"), k) for a, k in arch for o in openmp
+            ]
+            lib, why = native_build.load_first(_SOURCE, "gru", candidates)
             if lib is None:
                 _reason = why
             else:
@@ -90,13 +87,6 @@ def native_library(dtype: torch.dtype) -> ctypes.CDLL | None:
                 lib.gru_forward.restype = lib.gru_backward.restype = None
             _libraries[dtype] = lib
         return _libraries[dtype]
-
-
-def _load(options: tuple[str, ...], key: str) -> ctypes.CDLL:
-    try:
-        return ctypes.CDLL(str(native_build.build(_SOURCE, "gru", options, key=key)))
-    except OSError:  # a cached file that does not load (truncated, another CPU)
-        return ctypes.CDLL(str(native_build.build(_SOURCE, "gru", options, True, key)))
 
 
 def unavailable_reason() -> str | None:

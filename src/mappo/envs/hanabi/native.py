@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -125,10 +124,14 @@ def _compile(sizes: tuple[int, ...], rebuild: bool = False, openmp: bool = False
     """The path of the library for a variant of these ``sizes`` (:func:`_sizes`, compiled in as
     constants; with ``openmp``, built with ``-fopenmp``), compiling it first if no cached copy
     exists (or always, with ``rebuild``). Raises ``RuntimeError`` naming what failed."""
+    return native_build.build(_SOURCE, "hanabi", _flags(sizes, openmp), rebuild)
+
+
+def _flags(sizes: tuple[int, ...], openmp: bool) -> tuple[str, ...]:
+    """The compiler flags for a variant of these ``sizes`` (compiled in as constants)."""
     names = [name for name, _ in Rules._fields_[: len(sizes)]]
     defines = [f"-DHANABI_{name}={value}" for name, value in zip(names, sizes, strict=True)]
-    flags = (*_FLAGS, *(["-fopenmp"] if openmp else []), *defines)
-    return native_build.build(_SOURCE, "hanabi", flags, rebuild)
+    return (*_FLAGS, *(["-fopenmp"] if openmp else []), *defines)
 
 
 def library(rules) -> ctypes.CDLL | None:
@@ -140,15 +143,11 @@ def library(rules) -> ctypes.CDLL | None:
     key = _sizes(rules)
     with _lock:
         if key not in _libraries:
-            lib, why = None, ""
             # with torch's libgomp loaded, a build that shares its threads; else (or where the
             # compiler has no OpenMP) one that splits rows between threads of our own
-            for openmp in [True, False] if _torch_uses_libgomp() else [False]:
-                try:
-                    lib = _load(key, openmp)
-                    break
-                except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-                    why = str(err)
+            openmp = [True, False] if _torch_uses_libgomp() else [False]
+            candidates = [(_flags(key, o), "") for o in openmp]
+            lib, why = native_build.load_first(_SOURCE, "hanabi", candidates)
             if lib is None:
                 _reason = why
             else:
@@ -169,13 +168,6 @@ def library(rules) -> ctypes.CDLL | None:
                 lib.hanabi_openmp.restype = ctypes.c_int
             _libraries[key] = lib
         return _libraries[key]
-
-
-def _load(sizes: tuple[int, ...], openmp: bool) -> ctypes.CDLL:
-    try:
-        return ctypes.CDLL(str(_compile(sizes, openmp=openmp)))
-    except OSError:  # a cached file that does not load (truncated, another arch)
-        return ctypes.CDLL(str(_compile(sizes, rebuild=True, openmp=openmp)))
 
 
 def unavailable_reason() -> str | None:
