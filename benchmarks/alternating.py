@@ -15,6 +15,7 @@ observations (``mappo.rollout.stored_dtypes``), to time the byte storage against
         'compile=on inductor={}' 'compile=on inductor={"cpp.use_decompose_tanh":true}' \\
         [--rounds 10] [--iterations 20] [--threads 2] [--json]
     python benchmarks/alternating.py hanabi/full-2p_fast '' 'rollout=float32' --iterations 2
+    python benchmarks/alternating.py mpe/simple_spread compile=on 'compile=on wrapper=off'
 """
 
 from __future__ import annotations
@@ -26,13 +27,17 @@ import time
 from typing import Any
 
 
-def parse_variant(text: str) -> tuple[list[str], dict[str, Any] | None, bool]:
-    """A variant's config overrides, its inductor options (``None``: the library's own) and
-    whether its rollout stores float32 whatever the env declares."""
-    overrides, options, float_rollout = [], None, False
+def parse_variant(text: str) -> tuple[list[str], dict[str, Any] | None, bool, bool]:
+    """A variant's config overrides, its inductor options (``None``: the library's own),
+    whether its rollout stores float32 whatever the env declares, and whether its CPU graphs
+    called many times an iteration get a C++ wrapper (the library's default;
+    ``wrapper=off``: inductor's Python wrapper, :data:`mappo.compiled.WRAPPER_OPTIONS`)."""
+    overrides, options, float_rollout, wrapper = [], None, False, True
     for token in text.split():
         if token == "rollout=float32":
             float_rollout = True
+        elif token == "wrapper=off":
+            wrapper = False
         elif token.startswith("inductor="):
             options = json.loads(token[len("inductor=") :])
             if not isinstance(options, dict):
@@ -41,7 +46,7 @@ def parse_variant(text: str) -> tuple[list[str], dict[str, Any] | None, bool]:
             raise SystemExit("the variants share the process's threads: use --threads")
         else:
             overrides.append(token)
-    return overrides, options, float_rollout
+    return overrides, options, float_rollout, wrapper
 
 
 def summarise(names: list[str], windows: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
@@ -80,11 +85,13 @@ def main() -> None:
     from mappo.trainer import Trainer
 
     library_options = dict(compiled.CPU_OPTIONS)
+    library_wrapper = dict(compiled.WRAPPER_OPTIONS)
     learners: dict[str, Any] = {}
     counters: dict[str, int] = {}
     for text in args.variants:
-        overrides, options, float_rollout = parse_variant(text)
+        overrides, options, float_rollout, wrapper = parse_variant(text)
         compiled.CPU_OPTIONS = library_options if options is None else options
+        compiled.WRAPPER_OPTIONS = library_wrapper if wrapper else {}
         stored = rollout.stored_dtypes
         if float_rollout:
             rollout.stored_dtypes = lambda env, source: (torch.float32, torch.float32)
@@ -98,6 +105,8 @@ def main() -> None:
         for i in range(args.warmup):
             learner.iterate(i, 0)
         learners[text], counters[text] = learner, args.warmup
+    # the options are read when a trainer compiles its functions: the library's own again
+    compiled.CPU_OPTIONS, compiled.WRAPPER_OPTIONS = library_options, library_wrapper
     names = list(learners)
     windows: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     for r in range(args.rounds):

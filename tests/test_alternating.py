@@ -41,13 +41,15 @@ def test_variants_are_overrides_with_optional_inductor_options() -> None:
         ["compile=on", "model.precision=bf16"],
         None,
         False,
+        True,
     )
-    overrides, options, floats = module.parse_variant(
+    overrides, options, floats, wrapper = module.parse_variant(
         'compile=on inductor={"cpp.use_decompose_tanh":true}'
     )
     assert overrides == ["compile=on"] and options == {"cpp.use_decompose_tanh": True}
-    assert not floats
-    assert module.parse_variant("rollout=float32 seed=2") == (["seed=2"], None, True)
+    assert not floats and wrapper
+    assert module.parse_variant("rollout=float32 seed=2") == (["seed=2"], None, True, True)
+    assert module.parse_variant("compile=on wrapper=off") == (["compile=on"], None, False, False)
     with pytest.raises(SystemExit, match="--threads"):
         module.parse_variant("compile=on threads=1")
     with pytest.raises(SystemExit, match="JSON object"):

@@ -115,6 +115,20 @@ does not know (``cpp.use_decompose_tanh`` is recent; the project allows torch 2.
 out."""
 
 
+WRAPPER_OPTIONS: dict[str, Any] = {"cpp_wrapper": True}
+"""Inductor options added for the CPU graphs called many times an iteration (the rollout's
+policy and env steps, the feed-forward gradient step; ``compile_fn(..., cpp_wrapper=True)``):
+the generated code that calls a graph's kernels is C++ instead of Python. At JaxMARL's
+feed-forward Spread settings each such call had spent about a millisecond in its Python wrapper
+(the profiler's self time of ``CompiledFxGraph``: allocating buffers, calling each kernel through
+its binding), on graphs of a few milliseconds. One process, the two option sets alternating
+(2-core CPU): 1.17x the iterations of that preset, 1.09x JaxMARL's recurrent settings (whose
+rollout calls a graph 128 times an iteration) and 1.07x the paper's rMAPPO; cold compile about
+the same (78 against 86 s and 88 against 80 s, one run each). The recurrent loss keeps
+inductor's Python wrapper and the batched kernel builds of :mod:`mappo.cpu_kernels` (one C++ file
+for its large backward graph took 31 s of ``g++ -O3`` alone; BENCHMARKS.md)."""
+
+
 def _known(options: dict[str, Any]) -> dict[str, Any]:
     """``options`` without the keys this torch's inductor config lacks (older releases)."""
     from torch._inductor import config
@@ -180,6 +194,7 @@ def compile_fn(
     fallback: bool = False,
     eager: Callable[..., Any] | None = None,
     mutates: bool = False,
+    cpp_wrapper: bool = False,
 ) -> Callable[..., Any]:
     """``fn`` compiled as one static-shape graph (``fullgraph``), replayed as a CUDA graph when
     ``cuda_graphs`` (for functions whose tensors live on a CUDA device). With ``fallback``
@@ -189,6 +204,8 @@ def compile_fn(
     ``fn`` updates its inputs in place (an env's state, parameters and Adam's moments), so only
     a failure to compile falls back; a failure while the graph runs may have updated part of
     them, and running ``fn`` again would apply the step twice, so it is raised.
+    ``cpp_wrapper``: the graph's calls of its kernels in C++ (:data:`WRAPPER_OPTIONS`), for
+    graphs on the CPU that run many times an iteration; not with ``cuda_graphs``.
 
     Each call compiles a fresh copy of ``fn`` (a new code object): torch keeps its compiled
     graphs per code object and refuses after a few recompilations, which would otherwise come
@@ -211,7 +228,8 @@ def compile_fn(
     fresh.__kwdefaults__ = fn.__kwdefaults__
     fresh.__qualname__ = fn.__qualname__
     if not cuda_graphs:
-        compiled = torch.compile(fresh, fullgraph=True, dynamic=False, options=_known(CPU_OPTIONS))
+        options = {**CPU_OPTIONS, **(WRAPPER_OPTIONS if cpp_wrapper else {})}
+        compiled = torch.compile(fresh, fullgraph=True, dynamic=False, options=_known(options))
     else:
         graph = torch.compile(fresh, fullgraph=True, dynamic=False, mode="reduce-overhead")
 

@@ -76,10 +76,12 @@ def fuse_env_steps(
     run's envs (one seed's, for stacked seeds)."""
     if not (traces(env) and fuses_env_step(env.device, recurrent)):
         return
-    fallback = cfg.compile == "auto"
-    collector.fused_fn = compile_fn(fused_step, fallback=fallback, mutates=True)
+    fallback, cpu = cfg.compile == "auto", env.device.type == "cpu"
+    collector.fused_fn = compile_fn(fused_step, fallback=fallback, mutates=True, cpp_wrapper=cpu)
     if not recurrent and cfg.total_env_steps // envs_per_run >= BLOCK_MIN_ROLLOUT_STEPS:
-        collector.block_fn = compile_fn(fused_steps, fallback=fallback, mutates=True)
+        collector.block_fn = compile_fn(
+            fused_steps, fallback=fallback, mutates=True, cpp_wrapper=cpu
+        )
         collector.block = ROLLOUT_BLOCK
 
 
@@ -120,13 +122,18 @@ class PPOLearner:
         self.step_fn = None
         if self.compiled:
             graphs = self.device.type == "cuda"
+            cpu = self.device.type == "cpu"
             fallback = cfg.compile == "auto"
-            self.collector.step_fn = compile_fn(policy_step, graphs, fallback)
+            self.collector.step_fn = compile_fn(policy_step, graphs, fallback, cpp_wrapper=cpu)
             fuse_env_steps(self.collector, env, cfg, self.recurrent, env.num_envs)
             if compiles_gradient_step(self.device, self.recurrent):
                 # The whole gradient step (loss, gradients, clipping, Adam) as one graph.
                 self.step_fn = compile_fn(
-                    gradient_step, fallback=fallback, eager=eager_gradient_step, mutates=True
+                    gradient_step,
+                    fallback=fallback,
+                    eager=eager_gradient_step,
+                    mutates=True,
+                    cpp_wrapper=cpu,
                 )
             elif not self.recurrent or cfg.algo.data_chunk_length <= MAX_COMPILED_CHUNK:
                 self.terms_fn = compile_fn(loss_terms, graphs, fallback)
