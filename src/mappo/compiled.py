@@ -121,10 +121,11 @@ policy and env steps, the feed-forward gradient step; ``compile_fn(..., cpp_wrap
 the generated code that calls a graph's kernels is C++ instead of Python. At JaxMARL's
 feed-forward Spread settings each such call had spent about a millisecond in its Python wrapper
 (the profiler's self time of ``CompiledFxGraph``: allocating buffers, calling each kernel through
-its binding), on graphs of a few milliseconds. One process, the two option sets alternating
-(2-core CPU): 1.17x the iterations of that preset, 1.09x JaxMARL's recurrent settings (whose
-rollout calls a graph 128 times an iteration) and 1.07x the paper's rMAPPO; cold compile about
-the same (78 against 86 s and 88 against 80 s, one run each). The recurrent loss keeps
+its binding), on graphs of a few milliseconds. One process, with and without these options
+alternating (2-core CPU): 1.09x the iterations of that preset, and the rollouts of JaxMARL's
+recurrent settings (a graph called 128 times an iteration) and of the paper's rMAPPO 4-9%
+faster; cold compile about the same (78 against 86 s and 88 against 80 s with every graph
+wrapped, one run each). The recurrent loss keeps
 inductor's Python wrapper and the batched kernel builds of :mod:`mappo.cpu_kernels` (one C++ file
 for its large backward graph took 31 s of ``g++ -O3`` alone; BENCHMARKS.md)."""
 
