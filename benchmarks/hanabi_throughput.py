@@ -3,22 +3,25 @@
 Usage::
 
     python benchmarks/hanabi_throughput.py [--players 2] [--num-envs 4096 65536]
-        [--device cpu|cuda] [--seconds 3] [--jaxmarl] [--jaxmarl-only] [--json]
+        [--device cpu|cuda] [--seconds 3] [--dtype uint8|float32] [--jaxmarl] [--jaxmarl-only]
+        [--floor] [--json]
 
 Both sides step every game with a random legal move of the player to act and compute every
 player's observation and legal moves each step (what a trainer needs), with auto-reset.
 
-- ours: ``mappo.envs.make("hanabi/full-<P>p", num_envs=N, device=...)``, actions picked on the
-  device from pre-drawn noise and the step's masks (as ``mappo bench env``);
+- ours: ``mappo.envs.make("hanabi/full-<P>p", num_envs=N, device=..., dtype=...)`` (its
+  observations and state as bytes, its default, or float32), actions picked on the device from
+  pre-drawn noise and the step's masks (as ``mappo bench env``);
 - JaxMARL (``--jaxmarl``, needs ``jaxmarl`` and JAX on the same device): its ``hanabi`` env,
   ``vmap`` over games and ``lax.scan`` over 100 steps in one jitted call (its own idiom), the
   random legal move drawn inside; the first call (compilation) is not timed.
 
 ``--jaxmarl-only`` skips ours (for an interpreter without torch). ``--floor`` adds a row of what
-a step's outputs alone cost: every player's float32 observation and the float32 global state
-converted from bool views kept in a buffer, and their pre-reset copies (``final_obs``,
-``final_state``), fresh tensors every step as the env returns them, nothing else; an upper
-bound, on that machine and thread count, for any step that returns them. One JSON line per row
+a step's outputs alone cost: every player's observation and the global state in the env's
+dtype (``--dtype``: bytes by default, or float32 converted from byte views kept in a buffer),
+and their pre-reset copies (``final_obs``, ``final_state``), fresh
+tensors every step as the env returns them, nothing else; an upper bound, on that machine and
+thread count, for any step that returns them. One JSON line per row
 with ``--json``. Env steps per second count one step of one game as one env step.
 """
 
@@ -29,7 +32,9 @@ import json
 import time
 
 
-def bench_ours(players: int, num_envs: int, seconds: float, device: str) -> float:
+def bench_ours(
+    players: int, num_envs: int, seconds: float, device: str, dtype: str = "uint8"
+) -> float:
     import torch
 
     from mappo.envs import make
@@ -38,7 +43,7 @@ def bench_ours(players: int, num_envs: int, seconds: float, device: str) -> floa
     # One torch thread, as `mappo bench env`: the second thread of a 2-core machine mostly adds
     # synchronisation, and collapses when another process shares the cores.
     torch.set_num_threads(1)
-    env = make(f"hanabi/full-{players}p", num_envs=num_envs, device=device, seed=0)
+    env = make(f"hanabi/full-{players}p", num_envs=num_envs, device=device, seed=0, dtype=dtype)
     env.validate_actions = False
     gen = torch.Generator(device=env.device).manual_seed(0)
     spec = env.spec.groups["players"]
@@ -68,10 +73,11 @@ def bench_ours(players: int, num_envs: int, seconds: float, device: str) -> floa
             return count / elapsed
 
 
-def output_step(players: int, num_envs: int, device: str):
-    """A function that makes what a step of ``hanabi/full-<P>p`` returns in float32, and only
-    that: ``(obs [N, P, obs], state [N, state], final_obs, final_state)``, fresh tensors, the
-    observations converted from bool views kept in a buffer (as the env does)."""
+def output_step(players: int, num_envs: int, device: str, dtype: str = "uint8"):
+    """A function that makes what a step of ``hanabi/full-<P>p`` returns (observations and
+    state in ``dtype``), and only that: ``(obs [N, P, obs], state [N, state], final_obs,
+    final_state)``, fresh tensors, the observations copied or converted from byte views kept in
+    a buffer."""
     import torch
 
     from mappo.envs import make
@@ -82,24 +88,27 @@ def output_step(players: int, num_envs: int, device: str):
     views[:, :, ::3] = 1
     rows = torch.arange(num_envs, device=device)
     seat = rows % players
+    out = getattr(torch, dtype)
 
     def step():
-        obs = views.float()
-        state = torch.empty(num_envs, n_state, device=device)
+        obs = views.to(out, copy=True)
+        state = torch.empty(num_envs, n_state, dtype=out, device=device)
         state[:, :n_obs] = views[rows, seat]
-        state[:, n_obs:] = 0.0
+        state[:, n_obs:] = 0
         return obs, state, obs.clone(), state.clone()
 
     return step
 
 
-def bench_output_floor(players: int, num_envs: int, seconds: float, device: str) -> float:
+def bench_output_floor(
+    players: int, num_envs: int, seconds: float, device: str, dtype: str = "uint8"
+) -> float:
     """Env steps per second of :func:`output_step` (see the module's docstring), one torch
     thread."""
     import torch
 
     torch.set_num_threads(1)
-    step = output_step(players, num_envs, device)
+    step = output_step(players, num_envs, device, dtype)
     kept = [step() for _ in range(3)][-1:]  # warm-up
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -163,6 +172,9 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, nargs="+", default=[4096])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--dtype", choices=("uint8", "float32"), default="uint8", help="observations' dtype"
+    )
     parser.add_argument("--jaxmarl", action="store_true", help="also time JaxMARL's Hanabi")
     parser.add_argument("--jaxmarl-only", action="store_true", help="time JaxMARL's alone")
     parser.add_argument("--floor", action="store_true", help="add the outputs-only row")
@@ -171,10 +183,10 @@ def main() -> None:
     rows = []
     for n in args.num_envs:
         if not args.jaxmarl_only:
-            sps = bench_ours(args.players, n, args.seconds, args.device)
+            sps = bench_ours(args.players, n, args.seconds, args.device, args.dtype)
             rows.append({"env": f"hanabi/full-{args.players}p", "num_envs": n, "sps": sps})
         if args.floor:
-            sps = bench_output_floor(args.players, n, args.seconds, args.device)
+            sps = bench_output_floor(args.players, n, args.seconds, args.device, args.dtype)
             rows.append({"env": "outputs only (floor)", "num_envs": n, "sps": sps})
         if args.jaxmarl or args.jaxmarl_only:
             sps = bench_jaxmarl(args.players, n, args.seconds)

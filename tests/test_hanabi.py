@@ -313,33 +313,46 @@ def test_native_games_equal_torch_games(variant, threads, monkeypatch):
 @pytest.mark.parametrize("name", ["hanabi/full-2p", "hanabi/full-3p", "hanabi/small-2p"])
 def test_native_env_steps_equal_torch_env_steps(name, observation):
     """The env on the C backend returns what it returns on torch: observations, global states,
-    rewards, ends, masks, who acts, the final views of the games that ended and the statistics."""
+    rewards, ends, masks, who acts, the final views of the games that ended and the statistics;
+    with its views as bytes (the default) or float32, the same values."""
     _native_or_skip()
     n = 96
-    plain = make(name, num_envs=n, seed=3, observation=observation, backend="torch")
-    fast = make(name, num_envs=n, seed=3, observation=observation, backend="native")
-    sp, sf = plain.reset(), fast.reset()
+    envs = {
+        (backend, dtype): make(
+            name, num_envs=n, seed=3, observation=observation, backend=backend, dtype=dtype
+        )
+        for backend in ("torch", "native")
+        for dtype in ("uint8", "float32")
+    }
+    steps = {key: env.reset() for key, env in envs.items()}
     gen = torch.Generator().manual_seed(0)
 
-    def same(a, b, where: str) -> None:
+    def same(a, b, where: str, dtype: torch.dtype | None = None) -> None:
         if isinstance(a, torch.Tensor):
+            if dtype is not None:
+                assert b.dtype == dtype, where
+                a, b = a.float(), b.float()
             assert torch.equal(a, b), where
         elif a is None:
             assert b is None, where
         else:
             assert set(a) == set(b), where
             for k in a:
-                same(a[k], b[k], f"{where}/{k}")
+                same(a[k], b[k], f"{where}/{k}", dtype)
 
     ended = 0
+    views = ("obs", "state", "final_obs", "final_state")
+    fields = (*views, "reward", "terminated", "truncated", "alive", "stats", "action_mask")
     for t in range(120):
-        for field in ("obs", "state", "reward", "terminated", "truncated", "alive"):
-            same(getattr(sp, field), getattr(sf, field), f"step {t} {field}")
-        for field in ("action_mask", "final_obs", "final_state", "final_action_mask", "stats"):
-            same(getattr(sp, field), getattr(sf, field), f"step {t} {field}")
+        sp = steps["torch", "uint8"]
+        for (backend, dtype), sf in steps.items():
+            for field in (*fields, "final_action_mask"):
+                where = f"step {t} {backend} {dtype} {field}"
+                view_dtype = getattr(torch, dtype) if field in views else None
+                same(getattr(sp, field), getattr(sf, field), where, view_dtype)
         ended += int(sp.terminated.sum())
         acts = _random_actions(sp, gen)
-        sp, sf = plain.step(acts), fast.step(acts)
+        steps = {key: env.step(acts) for key, env in envs.items()}
     assert ended > 0
 
 
@@ -353,6 +366,8 @@ def test_backends_are_chosen_and_refused_in_one_line(monkeypatch, tmp_path):
     rules = HanabiRules()
     with pytest.raises(EnvError, match="backend must be one of auto, torch, native"):
         make("hanabi/full-2p", num_envs=1, backend="fast")
+    with pytest.raises(EnvError, match="dtype must be one of float32, uint8"):
+        make("hanabi/full-2p", num_envs=1, dtype="float16")
     with pytest.raises(ValueError, match="CPU only.*use backend='torch'"):
         game_module._native_backend(rules, torch.device("cuda"), "native")
     assert game_module._native_backend(rules, torch.device("cuda"), "auto") is None
@@ -902,7 +917,7 @@ def test_the_paper_observation_is_the_paper_codes(variant, policy, steps, every)
         obs_p, obs_c = sp.obs["players"], sc.obs["players"]
         assert obs_p.shape == (n, players, size)
         torch.testing.assert_close(obs_p[..., :start], obs_c[..., :start], rtol=0, atol=0)
-        turn = torch.nn.functional.one_hot(me, players).float()
+        turn = torch.nn.functional.one_hot(me, players).to(obs_p.dtype)
         torch.testing.assert_close(obs_p[..., -players:], turn[:, None].expand(-1, players, -1))
         torch.testing.assert_close(sp.state[:, hand:], obs_p[rows, me])
         torch.testing.assert_close(sp.state[:, :hand], sc.state[:, r.observation_size :])
@@ -937,26 +952,24 @@ def test_the_paper_observation_is_the_paper_codes(variant, policy, steps, every)
 def test_rollouts_keep_observations_as_bytes_and_learn_the_same(monkeypatch, preset, extra):
     """Hanabi declares byte observations: MAPPO's rollout stores its observations and critic
     inputs as bytes (a quarter of float32), the networks read them as floats, and training
-    is bit for bit what float storage gives."""
+    is bit for bit what float storage gives, and what the env's float32 observations give."""
     from mappo import config as C
     from mappo.envs.hanabi.env import HanabiEnv
     from mappo.trainer import Trainer
 
-    cfg = C.load(
-        preset,
-        {
-            "env.name": "hanabi/small-2p",
-            "env.num_envs": 8,
-            "rollout_length": 20,
-            "threads": 1,
-            "progress": False,
-            "tensorboard": False,
-            **extra,
-        },
-    )
+    overrides = {
+        "env.name": "hanabi/small-2p",
+        "env.num_envs": 8,
+        "rollout_length": 20,
+        "threads": 1,
+        "progress": False,
+        "tensorboard": False,
+        **extra,
+    }
 
-    def run() -> tuple[dict[str, torch.dtype], dict[str, torch.Tensor]]:
-        trainer = Trainer(cfg)
+    def run(**more) -> tuple[dict[str, torch.dtype], dict[str, torch.Tensor]]:
+        trainer = Trainer(C.load(preset, {**overrides, **more}))
+        assert trainer.env.dtype == (torch.float32 if more else torch.uint8)
         for _ in range(2):
             trainer.iterate()
         buf = trainer.learner.collector.rollout.groups["players"]
@@ -966,12 +979,14 @@ def test_rollouts_keep_observations_as_bytes_and_learn_the_same(monkeypatch, pre
         return dtypes, params
 
     as_bytes, params = run()
+    from_floats, from_float_params = run(**{"env.kwargs.dtype": "float32"})
     monkeypatch.setattr(HanabiEnv, "byte_observations", False)
     as_floats, float_params = run()
-    assert as_bytes == {"obs": torch.uint8, "critic_x": torch.uint8}
+    assert as_bytes == from_floats == {"obs": torch.uint8, "critic_x": torch.uint8}
     assert as_floats == {"obs": torch.float32, "critic_x": torch.float32}
     for k, v in params.items():
         torch.testing.assert_close(v, float_params[k], rtol=0, atol=0, msg=k)
+        torch.testing.assert_close(v, from_float_params[k], rtol=0, atol=0, msg=k)
 
 
 def test_an_env_that_breaks_its_byte_declaration_is_refused(monkeypatch):

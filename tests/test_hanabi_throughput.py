@@ -31,13 +31,13 @@ def test_rows_for_ours_and_the_floor(monkeypatch, capsys) -> None:
     assert all(r["num_envs"] == 8 and r["sps"] > 0 and r["device"] == "cpu" for r in rows)
 
 
-@pytest.mark.parametrize("players", [2, 4])
-def test_the_floor_makes_what_a_step_returns(players) -> None:
+@pytest.mark.parametrize("players,dtype", [(2, "uint8"), (4, "uint8"), (2, "float32")])
+def test_the_floor_makes_what_a_step_returns(players, dtype) -> None:
     """The floor's tensors have the shapes and dtype of a step's observations and state."""
     from mappo.envs import make
 
-    obs, state, final_obs, final_state = _module().output_step(players, 4, "cpu")()
-    step = make(f"hanabi/full-{players}p", num_envs=4).reset()
+    obs, state, final_obs, final_state = _module().output_step(players, 4, "cpu", dtype)()
+    step = make(f"hanabi/full-{players}p", num_envs=4, dtype=dtype).reset()
     for ours, theirs in ((obs, step.obs["players"]), (state, step.state)):
         assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
     assert final_obs.shape == obs.shape and final_state.shape == state.shape

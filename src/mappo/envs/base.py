@@ -7,14 +7,15 @@ for PettingZoo and Gymnasium environments) implements it, and the trainer relies
 Shapes (``E`` = ``num_envs``, ``n`` = agents in a group, ``k`` = action heads of the group):
 
 - agents come in **groups** of identical observation and action spaces, keyed by group name;
-- per-agent tensors are ``[E, n, ...]``: observations ``[E, n, *obs_shape]`` (float32), rewards
+- per-agent tensors are ``[E, n, ...]``: observations ``[E, n, *obs_shape]`` (float32; uint8
+  for an env that declares :attr:`BatchedEnv.byte_observations` and returns bytes), rewards
   ``[E, n]`` (float32), ``alive`` flags ``[E, n]`` (bool), action masks ``[E, n, sum(nvec)]``
   (bool, ``True`` = allowed), actions ``[E, n, k]`` (int64; ``[E, n]`` is accepted for one head);
 - a group's actions are either discrete heads or a continuous box (:class:`ActionSpec`): box
   actions are ``[E, n, d]`` float32 within ``[low, high]`` (``[E, n]`` accepted for ``d = 1``),
   and a box group has no action mask; discrete and continuous groups mix freely in one env;
-- the global state is ``[E, *state_shape]``; an agent-specific state, where the env defines one,
-  is ``[E, n, *agent_state_shape]`` per group;
+- the global state is ``[E, *state_shape]`` (the observations' dtype); an agent-specific
+  state, where the env defines one, is ``[E, n, *agent_state_shape]`` per group;
 - ``terminated`` and ``truncated`` are ``[E]`` bool and kept apart: a time limit is a truncation.
 
 **Auto-reset.** An env whose episode ends in :meth:`BatchedEnv.step` is reset inside that call.
@@ -84,7 +85,10 @@ class BatchedEnv(abc.ABC):
     """Whether every observation and global state value this env returns is a whole number from
     0 to 255 (Hanabi's 0/1 encodings): MAPPO's rollout (:func:`~mappo.rollout.stored_dtypes`) and
     the value family's replay buffer (:class:`~mappo.episodes.EpisodeBuffer`) then store them as
-    bytes, a quarter of float32. A rollout checks its first step's values and refuses others."""
+    bytes, a quarter of float32. A rollout checks its first step's values and refuses others.
+    Such an env may return them as uint8 tensors rather than float32 (Hanabi does by default: a
+    quarter of the memory its step writes); every network of the library converts its inputs to
+    float32 itself."""
 
     def __init__(self, num_envs: int, device: str | torch.device = "cpu", seed: int = 0) -> None:
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:

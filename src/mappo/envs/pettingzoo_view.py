@@ -116,7 +116,7 @@ class PettingZooView(ParallelEnv):
         step = self.env.reset(seed=seed)
         self.agents = list(self.possible_agents)
         obs = self._observations(step.obs, step)
-        self._state = step.state[0].cpu().numpy()
+        self._state = step.state[0].cpu().numpy().astype(np.float32, copy=False)
         return obs, {a: {} for a in self.agents}
 
     def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
@@ -138,7 +138,7 @@ class PettingZooView(ParallelEnv):
         step = self.env.step({g: torch.from_numpy(a) for g, a in batch.items()})
         assert step.final_obs is not None and step.final_state is not None
         obs = self._observations(step.final_obs, step)
-        self._state = step.final_state[0].cpu().numpy()
+        self._state = step.final_state[0].cpu().numpy().astype(np.float32, copy=False)
         terminated, truncated = bool(step.terminated[0]), bool(step.truncated[0])
         rewards = {
             agent: float(step.reward[group][0, k])

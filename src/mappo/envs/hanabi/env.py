@@ -25,6 +25,11 @@ plays little runs out of cards with a low score).
 
 A game is replayed exactly by dealing a given deck order (:meth:`HanabiEnv.deal`).
 
+Observations and the global state are 0/1 and come as bytes (``dtype="uint8"``, the default:
+the env declares :attr:`~mappo.envs.base.BatchedEnv.byte_observations`, the library's networks
+convert their inputs, and a step at 4,096 games writes a quarter of the memory) or as float32
+(``dtype="float32"``); the values are the same.
+
 ``backend`` picks how the games step (:class:`~mappo.envs.hanabi.game.HanabiGames`): ``"auto"``
 (the C code of :mod:`mappo.envs.hanabi.native` on a CPU where it builds, else torch),
 ``"native"`` or ``"torch"``; the same steps either way.
@@ -53,6 +58,8 @@ from mappo.envs.hanabi.game import (
 )
 
 COLOR_LETTERS = "RYGWB"
+VIEW_DTYPES = {"float32": torch.float32, "uint8": torch.uint8}
+"""The dtypes the observations and the global state may come in (``dtype``; 0/1 either way)."""
 MOVE_KINDS = ("discards", "plays", "hints")
 """The episode statistics counting a game's moves by kind, in the order of the move uids."""
 
@@ -75,8 +82,15 @@ class HanabiEnv(BatchedEnv):
         max_life_tokens: int = 3,
         observation: str = "canonical",
         backend: str = "auto",
+        dtype: str = "uint8",
     ) -> None:
         super().__init__(num_envs, device, seed)
+        if dtype not in VIEW_DTYPES:
+            raise EnvError(
+                f"hanabi: dtype must be one of {', '.join(VIEW_DTYPES)} (the observations' and "
+                f"global state's), got {dtype!r}"
+            )
+        self.dtype = VIEW_DTYPES[dtype]
         if observation not in ("canonical", "paper"):
             raise EnvError(
                 f"hanabi: observation must be 'canonical' (the HLE's, as OpenSpiel returns it) "
@@ -283,14 +297,14 @@ class HanabiEnv(BatchedEnv):
         ``[E, P, M]`` and who acts ``[E, P]``, of every game (or of games ``ids [K]``)."""
         paper = self.observation == "paper"
         if self.games.native is not None:  # the C code writes all four in one pass
-            return self.games.views(paper, ids)
+            return self.games.views(paper, ids, self.dtype)
         g = self.games if ids is None else self.games.select(ids)
         games = None if ids is None else g
         e, p = g.batch, self.rules.players
         me = g.state["player"]
         n_obs = self.spec.groups["players"].obs_shape[0]
         # The bool views are written into a buffer kept from step to step; what is returned
-        # are fresh float32 tensors converted from it.
+        # are fresh tensors (bytes or float32) copied or converted from it.
         if games is not None:  # a selection of games: a buffer of its own
             buffer = torch.empty(e, p, n_obs, dtype=torch.bool, device=self.device)
         else:
@@ -305,11 +319,12 @@ class HanabiEnv(BatchedEnv):
         hand_bits = g.hand_bits(hand).view(e, -1)
         # the paper code's order: the own hand first
         cols = (hand_bits.shape[1], n_obs) if paper else (n_obs, hand_bits.shape[1])
-        state = torch.empty(e, sum(cols), device=self.device)
+        state = torch.empty(e, sum(cols), dtype=self.dtype, device=self.device)
         view_cols, hand_cols = state.split(cols, dim=1)[:: -1 if paper else 1]
         view_cols.copy_(buffer.view(torch.uint8)[rows, me])
         hand_cols.copy_(hand_bits.view(torch.uint8))
-        obs = as_float(buffer)
+        as_bytes = buffer.view(torch.uint8)
+        obs = as_float(buffer) if self.dtype == torch.float32 else as_bytes.clone()
         # Nobody acts in a finished game (its final views): every seat gets the idle mask.
         alive = (self._seats[None, :] == me[:, None]) & ~g.state["over"][:, None]
         legal = g.legal_moves()

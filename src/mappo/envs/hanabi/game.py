@@ -623,15 +623,16 @@ class HanabiGames:
         return out
 
     def views(
-        self, paper: bool, ids: Tensor | None = None
+        self, paper: bool, ids: Tensor | None = None, dtype: torch.dtype = torch.float32
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """What the env returns, from the native backend in one pass over the games (or over
-        games ``ids [K]``): every player's observation ``[B, P, n]`` float32 (``n`` the
-        observation size, plus ``P`` for the paper's turn one-hot), the global state ``[B, n +
-        H*C*R]`` float32 (the acting player's observation and own hand; the hand first with
-        ``paper``), the action masks ``[B, P, M]`` bool (the legal moves for the player to act,
-        move 0 alone for the others and in a finished game) and who acts ``[B, P]`` bool.
-        See :class:`~mappo.envs.hanabi.env.HanabiEnv` for the torch form of each."""
+        games ``ids [K]``): every player's observation ``[B, P, n]`` (``n`` the observation
+        size, plus ``P`` for the paper's turn one-hot), the global state ``[B, n + H*C*R]``
+        (the acting player's observation and own hand; the hand first with ``paper``), both
+        0/1 in ``dtype`` (float32 or uint8), the action masks ``[B, P, M]`` bool (the legal
+        moves for the player to act, move 0 alone for the others and in a finished game) and
+        who acts ``[B, P]`` bool. See :class:`~mappo.envs.hanabi.env.HanabiEnv` for the torch
+        form of each."""
         if self.native is None:
             raise RuntimeError("HanabiGames.views needs the native backend")
         r = self.rules
@@ -645,9 +646,11 @@ class HanabiGames:
             and not 0 <= int(ids.min()) <= int(ids.max()) < self.batch
         ):
             raise IndexError(f"game ids must lie in [0, {self.batch})")
-        f32, cpu = torch.float32, "cpu"
-        obs = torch.empty(rows, r.players, n, dtype=f32, device=cpu)
-        state = torch.empty(rows, n + r.hand * r.colors * r.ranks, dtype=f32, device=cpu)
+        if dtype not in (torch.float32, torch.uint8):
+            raise ValueError(f"views are float32 or uint8, not {dtype}")
+        cpu = "cpu"
+        obs = torch.empty(rows, r.players, n, dtype=dtype, device=cpu)
+        state = torch.empty(rows, n + r.hand * r.colors * r.ranks, dtype=dtype, device=cpu)
         mask = torch.empty(rows, r.players, r.num_moves, dtype=torch.bool, device=cpu)
         alive = torch.empty(rows, r.players, dtype=torch.bool, device=cpu)
         self.native.run(
@@ -656,6 +659,7 @@ class HanabiGames:
             rows,
             ids,
             int(paper),
+            int(dtype == torch.uint8),
             obs.data_ptr(),
             state.data_ptr(),
             mask.data_ptr(),

@@ -398,12 +398,14 @@ void hanabi_observe(const Rules *rules, void **s, const int64_t *ids, int64_t lo
         observe_game(r, t, ids ? ids[i] : i, belief, 0, out + i * RULE(P) * width, width);
 }
 
-/* What the env returns for each game: every player's observation as float32 obs[row, P, n],
- * the global state state[row, n + H * CR] (the acting player's observation and own hand, the
- * hand first with paper), the action masks mask[row, P, M] (the legal moves for the player to
- * act, move 0 alone for the others and in a finished game) and alive[row, P]. */
+/* What the env returns for each game: every player's observation obs[row, P, n], the global
+ * state state[row, n + H * CR] (the acting player's observation and own hand, the hand first
+ * with paper), both float32, or bytes with `bytes` (a quarter of the memory written, and written
+ * in place rather than converted from a buffer); the action masks mask[row, P, M] (the legal
+ * moves for the player to act, move 0 alone for the others and in a finished game) and
+ * alive[row, P]. */
 void hanabi_views(const Rules *rules, void **s, const int64_t *ids, int64_t lo, int64_t hi,
-                  int paper, float *obs, float *state, uint8_t *mask, uint8_t *alive) {
+                  int paper, int bytes, void *obs, void *state, uint8_t *mask, uint8_t *alive) {
     const Rules copy = *rules, *r = &copy; /* a local copy: no reloads after byte stores */
     const State t = unpack(s);
     const int64_t P = RULE(P), H = RULE(H), CR = RULE(C) * RULE(R), M = RULE(M);
@@ -414,21 +416,29 @@ void hanabi_views(const Rules *rules, void **s, const int64_t *ids, int64_t lo, 
     uint8_t legal[64];
     for (int64_t i = lo; i < hi; i++) {
         int64_t g = ids ? ids[i] : i;
-        observe_game(r, t, g, paper, paper, buf, MAX_OBS);
-        float *o_row = obs + i * P * n;
-        for (int64_t o = 0; o < P; o++)
-            for (int64_t k = 0; k < n; k++) o_row[o * n + k] = (float)buf[o * MAX_OBS + k];
         int64_t me = t.player[g];
         memset(hand_bits, 0, (size_t)(H * CR));
         for (int64_t j = 0; j < H; j++) {
             int64_t card = t.hands[(g * P + me) * H + j];
             if (card >= 0) hand_bits[j * CR + card] = 1;
         }
-        float *st = state + i * width;
-        float *view_cols = paper ? st + H * CR : st;
-        float *hand_cols = paper ? st : st + n;
-        for (int64_t k = 0; k < n; k++) view_cols[k] = (float)buf[me * MAX_OBS + k];
-        for (int64_t k = 0; k < H * CR; k++) hand_cols[k] = (float)hand_bits[k];
+        if (bytes) {
+            uint8_t *o_row = (uint8_t *)obs + i * P * n;
+            observe_game(r, t, g, paper, paper, o_row, n);
+            uint8_t *st = (uint8_t *)state + i * width;
+            memcpy(paper ? st + H * CR : st, o_row + me * n, (size_t)n);
+            memcpy(paper ? st : st + n, hand_bits, (size_t)(H * CR));
+        } else {
+            observe_game(r, t, g, paper, paper, buf, MAX_OBS);
+            float *o_row = (float *)obs + i * P * n;
+            for (int64_t o = 0; o < P; o++)
+                for (int64_t k = 0; k < n; k++) o_row[o * n + k] = (float)buf[o * MAX_OBS + k];
+            float *st = (float *)state + i * width;
+            float *view_cols = paper ? st + H * CR : st;
+            float *hand_cols = paper ? st : st + n;
+            for (int64_t k = 0; k < n; k++) view_cols[k] = (float)buf[me * MAX_OBS + k];
+            for (int64_t k = 0; k < H * CR; k++) hand_cols[k] = (float)hand_bits[k];
+        }
         int over = t.over[g];
         legal_of(r, t, g, legal);
         for (int64_t o = 0; o < P; o++) {
@@ -495,7 +505,7 @@ static void run_rows(int fn, const Rules *r, void **s, const int64_t *ids, int64
     case RUN_STEP: hanabi_step(r, s, ids, lo, hi, p0, p1); break;
     case RUN_LEGAL: hanabi_legal(r, s, ids, lo, hi, p0); break;
     case RUN_OBSERVE: hanabi_observe(r, s, ids, lo, hi, (int)a, p0, b); break;
-    case RUN_VIEWS: hanabi_views(r, s, ids, lo, hi, (int)a, p0, p1, p2, p3); break;
+    case RUN_VIEWS: hanabi_views(r, s, ids, lo, hi, (int)a, (int)b, p0, p1, p2, p3); break;
     case RUN_DEAL: hanabi_deal(r, s, ids, lo, hi, p0); break;
     default: break;
     }

@@ -77,7 +77,10 @@ _RUN = {
     "hanabi_step": (0, lambda moves, rewards: (0, 0, moves, rewards, None, None)),
     "hanabi_legal": (1, lambda out: (0, 0, out, None, None, None)),
     "hanabi_observe": (2, lambda belief, out, width: (belief, width, out, None, None, None)),
-    "hanabi_views": (3, lambda paper, obs, state, mask, alive: (paper, 0, obs, state, mask, alive)),
+    "hanabi_views": (
+        3,
+        lambda paper, byte, obs, state, mask, alive: (paper, byte, obs, state, mask, alive),
+    ),
     "hanabi_deal": (4, lambda decks: (0, 0, decks, None, None, None)),
 }
 
@@ -156,7 +159,7 @@ def library(rules) -> ctypes.CDLL | None:
                 lib.hanabi_step.argtypes = [*common, p, p]
                 lib.hanabi_legal.argtypes = [*common, p]
                 lib.hanabi_observe.argtypes = [*common, ctypes.c_int, p, i64]
-                lib.hanabi_views.argtypes = [*common, ctypes.c_int, p, p, p, p]
+                lib.hanabi_views.argtypes = [*common, ctypes.c_int, ctypes.c_int, p, p, p, p]
                 lib.hanabi_deal.argtypes = [*common, p]
                 # fn, threads, rules, state, ids, rows, a, b, p0..p3
                 c_int = ctypes.c_int
