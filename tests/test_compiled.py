@@ -320,6 +320,34 @@ def test_noise_drawn_outside_gives_the_actions_drawn_inside():
         trainer.close()
 
 
+@pytest.mark.parametrize(
+    "preset",
+    [
+        "mpe/simple_spread",
+        "mpe/simple_reference",
+        "mpe/simple_speaker_listener",
+        "mpe/simple_spread_continuous",
+    ],
+)
+def test_a_blocks_noise_drawn_at_once_is_its_steps_noise(preset):
+    """The noise of a block of steps, stacked (drawn in one call for one group of categorical
+    heads), equals the block's steps drawn one after another, and leaves the generator where
+    they leave it: one group or two, one head or two, a box."""
+    cfg = config_mod.load(preset, {"env.num_envs": 4})
+    trainer = Trainer(cfg)
+    policy = trainer.policy
+    once, stepwise = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    block = policy.draw_noises(5, 4, once)
+    steps = [policy.draw_noise(4, stepwise) for _ in range(5)]
+    assert set(block) == set(steps[0]) == set(trainer.env.spec.groups)
+    for name, x in block.items():
+        assert x.shape == (5, *steps[0][name].shape)
+        for k in range(5):
+            assert torch.equal(x[k], steps[k][name]), (name, k)
+    assert torch.equal(once.get_state(), stepwise.get_state())
+    trainer.close()
+
+
 def test_an_unfused_adam_checkpoint_resumes_fused():
     """Optimiser states saved by torch's default Adam load into the fused one this process
     uses, with the step counters where fused Adam wants them, and update alike."""

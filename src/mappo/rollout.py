@@ -239,14 +239,17 @@ def fused_steps(
     actor_states: dict[str, Tensor],
     critic_states: dict[str, Tensor],
     starts: Tensor,
-    noises: list[dict[str, Tensor]],
+    noises: dict[str, Tensor],
     tracker: EpisodeTracker,
     bootstrap: bool,
     step_fn: Callable[..., Any] = policy_step,
 ) -> tuple[list[dict[str, Any]], dict[str, Tensor], dict[str, Tensor], EnvStep, Tensor]:
-    """``K = len(noises)`` consecutive steps of :func:`fused_step` (the env's traced step each
-    time) as one function, which the compiled path compiles as one graph: one call per ``K``
-    steps instead of ``K``, with what the rollout records of each step.
+    """``K`` consecutive steps of :func:`fused_step` (the env's traced step each time) as one
+    function, which the compiled path compiles as one graph: one call per ``K`` steps instead
+    of ``K``, with what the rollout records of each step. ``noises``: each group's sampling
+    noise of the ``K`` steps, ``[K, 1, E, ...]``
+    (:meth:`~mappo.nn.actor_critic.ActorCritic.draw_noises`: one tensor per group rather than
+    one per step, fewer inputs for the compiled call to check).
 
     Returns one record per step: ``starts``, ``terminated``, ``truncated`` ``[E]`` and under
     ``groups``, per group, tensors keyed as :class:`GroupBuffer`'s fields (``obs``, ``alive``,
@@ -257,7 +260,8 @@ def fused_steps(
     records into its rollout buffer with one call. ``step_fn`` as in :func:`fused_step`.
     """
     rows: list[dict[str, Any]] = []
-    for noise in noises:
+    for k in range(next(iter(noises.values())).shape[0]):
+        noise = {name: x[k] for name, x in noises.items()}
         row: dict[str, Any] = {"starts": starts, "groups": {}}
         for name in actor_states:
             rec = {"obs": step.obs[name], "alive": step.alive[name]}
@@ -416,7 +420,7 @@ class Collector:
         if traced is None:
             return False
         ro, E = self.rollout, self.rollout.starts.shape[1]
-        noises = [self.policy.draw_noise(E, self.generator) for _ in range(K)]
+        noises = self.policy.draw_noises(K, E, self.generator)
         rows, self.actor_states, self.critic_states, self.step, starts = self.block_fn(
             self.policy,
             traced,

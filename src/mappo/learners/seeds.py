@@ -487,6 +487,14 @@ class StackedPolicy:
         per_seed = [self.template.draw_noise(batch // self.seeds, g) for g in self.generators]
         return {g: torch.cat([d[g] for d in per_seed], 1) for g in per_seed[0]}
 
+    def draw_noises(
+        self, steps: int, batch: int, generator: torch.Generator | None = None
+    ) -> dict[str, Tensor]:
+        """:meth:`draw_noise` for ``steps`` consecutive steps, stacked: ``[steps, 1, N * E,
+        ...]`` per group."""
+        draws = [self.draw_noise(batch, generator) for _ in range(steps)]
+        return {name: torch.stack([d[name] for d in draws]) for name in draws[0]}
+
     def step(self, policy: Any, *args: Any) -> Any:
         """The collector's step function (:func:`mappo.rollout.policy_step`, the same arguments
         and results; ``policy`` is this object) for all seeds; :meth:`_run` lists them."""

@@ -386,6 +386,22 @@ class ActorCritic(nn.Module):
                 out[name] = torch.rand(shape, generator=generator, device=dev)
         return out
 
+    def draw_noises(self, steps: int, batch: int, generator: torch.Generator) -> dict[str, Tensor]:
+        """:meth:`draw_noise` for ``steps`` consecutive steps, stacked: ``[steps, 1, batch, ...]``
+        per group, the same numbers as ``steps`` calls of it. One group of categorical heads
+        (uniform numbers, which torch draws one after another on a CPU as on a GPU's single
+        stream) takes them in one call; otherwise step by step (the groups interleave, and
+        torch draws normal numbers in blocks)."""
+        if len(self.actors) == 1:
+            name, actor = next(iter(self.actors.items()))
+            if not actor.continuous and actor.head.weight.device.type == "cpu":
+                n = self.spec.groups[name].num_agents
+                shape = (steps, 1, batch, n, len(actor.nvec), max(actor.nvec))
+                dev = actor.head.weight.device
+                return {name: torch.rand(shape, generator=generator, device=dev)}
+        draws = [self.draw_noise(batch, generator) for _ in range(steps)]
+        return {name: torch.stack([d[name] for d in draws]) for name in draws[0]}
+
 
 def _to_env(dist: Policy, actions: Tensor) -> Tensor | None:
     """What the env receives for ``actions``: clipped or squashed for a Gaussian; ``None`` (the
