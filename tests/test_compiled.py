@@ -598,20 +598,32 @@ def test_rollout_blocks_record_what_single_steps_record(preset, overrides):
 
 
 def test_block_records_are_written_as_single_assignments_would_be():
-    """The collector writes a block's K records into its buffer with one stack where shapes
-    and dtypes match, and otherwise as ``buf[t] = record`` would: broadcast and cast."""
-    from mappo.rollout import _stack_into
+    """A block writes step ``k``'s records into index ``k`` of the rollout's slices as ``buf[t]
+    = record`` would (broadcast and cast: an env may return a reward of another shape or dtype
+    than its spec's), and hands back only what has no place there."""
+    from mappo.rollout import _write_row
 
     dest = torch.zeros(5, 3, 2)
-    records = [torch.full((3, 2), float(i)) for i in range(3)]
-    _stack_into(dest[1:4], records)
-    assert torch.equal(dest[1:4], torch.stack(records)) and not dest[0].any() and not dest[4].any()
+    flags = torch.zeros(5, 3, dtype=torch.bool)
+    out = {"terminated": flags[1:4], "groups": {"g": {"rewards": dest[1:4]}}}
     want = torch.zeros(5, 3, 2)
     odd = [torch.tensor([1, 2]), torch.tensor(3.5, dtype=torch.float64), torch.ones(1, 2)]
-    for i, r in enumerate(odd):
-        want[1 + i] = r
-    _stack_into(dest[1:4], odd)
+    for k, r in enumerate(odd):
+        want[1 + k] = r
+        row = {
+            "terminated": torch.tensor([True, False, k == 1]),
+            "groups": {"g": {"rewards": r, "final": torch.full((3,), float(k))}},
+            "other": k,
+        }
+        left = _write_row(row, out, k)
+        assert left["other"] == k and list(left["groups"]["g"]) == ["final"]
+        assert torch.equal(left["groups"]["g"]["final"], torch.full((3,), float(k)))
     assert torch.equal(dest, want) and dest.dtype == torch.float32
+    assert (
+        flags[1:4, 0].all()
+        and not flags[1:4, 1].any()
+        and flags[:, 2].tolist() == [False, False, True, False, False]
+    )
 
 
 @pytest.mark.parametrize(

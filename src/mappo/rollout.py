@@ -243,6 +243,7 @@ def fused_steps(
     tracker: EpisodeTracker,
     bootstrap: bool,
     step_fn: Callable[..., Any] = policy_step,
+    out: dict[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Tensor], dict[str, Tensor], EnvStep, Tensor]:
     """``K`` consecutive steps of :func:`fused_step` (the env's traced step each time) as one
     function, which the compiled path compiles as one graph: one call per ``K`` steps instead
@@ -256,8 +257,13 @@ def fused_steps(
     ``action_mask`` where the group has masks, ``actor_state``, ``critic_state`` and ``values``
     for recurrent critics, ``actions``, ``log_probs``, ``critic_x``, ``rewards``, and ``final``
     (:func:`final_critic`) when ``bootstrap``); then the actor and critic states, the env step
-    and the ``starts [E]`` after the last step. The collector stacks each field's ``K``
-    records into its rollout buffer with one call. ``step_fn`` as in :func:`fused_step`.
+    and the ``starts [E]`` after the last step. ``step_fn`` as in :func:`fused_step`.
+
+    ``out``: where the records go instead, keyed as a record, each a ``[K, ...]`` slice of the
+    rollout buffer (step ``k``'s record written into index ``k`` as an assignment would); the
+    records returned then hold only what ``out`` has no place for. The compiled block writes
+    the rollout this way: its graph returns four things rather than a hundred, several of
+    which alias its inputs or one another, which torch rebuilds after each call.
     """
     rows: list[dict[str, Any]] = []
     for k in range(next(iter(noises.values())).shape[0]):
@@ -287,8 +293,27 @@ def fused_steps(
         row["terminated"] = step.terminated
         row["truncated"] = step.truncated
         starts = step.done
-        rows.append(row)
+        rows.append(row if out is None else _write_row(row, out, k))
     return rows, actor_states, critic_states, step, starts
+
+
+def _write_row(row: dict[str, Any], out: dict[str, Any], k: int) -> dict[str, Any]:
+    """Write ``row``'s records into index ``k`` of ``out``'s slices (:func:`fused_steps`);
+    returns what has no place there."""
+    left: dict[str, Any] = {"groups": {}}
+    for key, value in row.items():
+        if key == "groups":
+            for name, rec in value.items():
+                dests = out["groups"][name]
+                left["groups"][name] = {f: x for f, x in rec.items() if f not in dests}
+                for f, x in rec.items():
+                    if f in dests:
+                        dests[f][k].copy_(x)
+        elif key in out:
+            out[key][k].copy_(value)
+        else:
+            left[key] = value
+    return left
 
 
 @dataclass
@@ -420,6 +445,24 @@ class Collector:
         if traced is None:
             return False
         ro, E = self.rollout, self.rollout.starts.shape[1]
+        span = slice(t, t + K)
+        out: dict[str, Any] = {key: getattr(ro, key)[span] for key in _STEP_RECORDS}
+        out["groups"] = {}
+        for name, buf in ro.groups.items():
+            recurrent_critic = self.policy.critics[name].state_size > 0
+            dests = {key: getattr(buf, key)[span] for key in _GROUP_RECORDS}
+            if buf.action_mask is not None and name in self.step.action_mask:
+                dests["action_mask"] = buf.action_mask[span]
+            if recurrent_critic:
+                dests["critic_state"], dests["values"] = buf.critic_state[span], buf.values[span]
+                if self.bootstrap:
+                    dests["final"] = buf.final_values[span]
+            out["groups"][name] = dests
+            if t == 0 and buf.obs.dtype == torch.uint8:  # what a byte rollout cannot hold
+                _check_bytes(self.env, self.step.obs[name], f"group '{name}' obs")
+            if t == 0 and buf.critic_x.dtype == torch.uint8:
+                x = self.policy.critic_input(name, self.step)
+                _check_bytes(self.env, x, f"group '{name}' critic_x")
         noises = self.policy.draw_noises(K, E, self.generator)
         rows, self.actor_states, self.critic_states, self.step, starts = self.block_fn(
             self.policy,
@@ -432,20 +475,11 @@ class Collector:
             self.tracker,
             self.bootstrap,
             self.traced_step_fn,
+            out,
         )
-        span = slice(t, t + K)
-        for key in ("starts", "terminated", "truncated"):
-            _stack_into(getattr(ro, key)[span], [row[key] for row in rows])
-        for name, buf in ro.groups.items():
-            for key in rows[0]["groups"][name]:
-                records = [row["groups"][name][key] for row in rows]
-                if key == "final" and self.policy.critics[name].state_size == 0:
-                    final_x[name].extend(records)
-                    continue
-                out = buf.final_values if key == "final" else getattr(buf, key)
-                if t == 0 and key in ("obs", "critic_x") and out.dtype == torch.uint8:
-                    _check_bytes(self.env, records[0], f"group '{name}' {key}")
-                _stack_into(out[span], records)
+        for name in ro.groups:  # a feed-forward critic's final inputs, valued after the loop
+            if "final" in rows[0]["groups"][name]:
+                final_x[name].extend(row["groups"][name]["final"] for row in rows)
         self.starts = starts
         return True
 
@@ -485,6 +519,13 @@ class Collector:
         self.tracker.load_state_dict(state["tracker"])
 
 
+_STEP_RECORDS = ("starts", "terminated", "truncated")
+"""What a block records of each step for all groups (:func:`fused_steps`)."""
+_GROUP_RECORDS = ("obs", "alive", "actor_state", "actions", "log_probs", "critic_x", "rewards")
+"""What it records of each step for every group; ``action_mask``, ``critic_state``, ``values``
+and ``final`` where the group has them."""
+
+
 def _check_bytes(env: BatchedEnv, x: Tensor, what: str) -> None:
     """Refuse values a byte rollout cannot hold (one check per rollout, on its first step: the
     env's declaration is trusted for the rest)."""
@@ -492,15 +533,3 @@ def _check_bytes(env: BatchedEnv, x: Tensor, what: str) -> None:
         check_bytes(x, what, whole=True)
     except ValueError as err:
         raise EnvError(f"{env.name}: {err}") from err
-
-
-def _stack_into(dest: Tensor, records: list[Tensor]) -> None:
-    """Write ``records[i]`` into ``dest[i]`` as ``dest[i] = records[i]`` would (broadcast to
-    the slot's shape, cast to its dtype): with one ``torch.stack`` where every record already
-    has the slot's shape and dtype (the usual case), slot by slot otherwise (an env that returns
-    a reward of another shape or dtype than its spec's, say)."""
-    if all(r.shape == dest.shape[1:] and r.dtype == dest.dtype for r in records):
-        torch.stack(records, out=dest)
-        return
-    for i, record in enumerate(records):
-        dest[i] = record
