@@ -478,6 +478,9 @@ class Collector:
             out,
         )
         for name in ro.groups:  # a feed-forward critic's final inputs, valued after the loop
+            unplaced = set(rows[0]["groups"][name]) - {"final"}
+            if unplaced:  # a record the rollout has no buffer for would be lost
+                raise RuntimeError(f"group '{name}': the rollout has no place for {unplaced}")
             if "final" in rows[0]["groups"][name]:
                 final_x[name].extend(row["groups"][name]["final"] for row in rows)
         self.starts = starts
