@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from mappo.algos.coma import coma_advantage, counterfactual_baseline, final_step
 from mappo.algos.returns import lambda_targets, n_step_targets
 from mappo.algos.value import epsilon_at, td_loss
 from mappo.cli import main
+from mappo.envs import make
 from mappo.episodes import EpisodeBuffer, EpisodeCollector, allocate_episodes, check_bytes
 from mappo.nn.coma import ComaCritic, coma_policy
 from mappo.nn.q_agents import QMixer, QNetworks, VDNMixer, epsilon_greedy
@@ -516,6 +518,20 @@ def test_soft_targets_and_standardised_rewards_run(tmp_path):
 
 
 VD_RESUME = {**TINY, "algo.targets": "td_lambda", "algo.standardise_rewards": True}
+
+
+@pytest.mark.parametrize("preset", ["mpe/simple_spread_qmix", "mpe/simple_spread_coma"])
+def test_agents_act_on_an_envs_byte_observations_alone(tmp_path, preset):
+    """Hanabi returns its observations as bytes; agents whose input is the observation alone
+    (no last action, no agent id) read them as floats, and the run trains."""
+    over = dict(TINY)
+    if preset.endswith("coma"):  # COMA has no replay buffer or target interval
+        over = {k: v for k, v in over.items() if not k.startswith("algo.")}
+    over |= {"env.name": "hanabi/very-small-2p", "algo.last_action": False}
+    with make("hanabi/very-small-2p", num_envs=1) as env:
+        assert env.reset().obs["players"].dtype == torch.uint8
+    run = train(preset, {**over, "run_dir": str(tmp_path)})
+    assert math.isfinite(run.summary["eval_return_mean"])
 
 
 @pytest.mark.parametrize("env_name", ["mpe/simple_spread", "hanabi/very-small-2p"])
