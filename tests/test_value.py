@@ -527,7 +527,7 @@ def test_agents_act_on_an_envs_byte_observations_alone(tmp_path, preset):
     over = dict(TINY)
     if preset.endswith("coma"):  # COMA has no replay buffer or target interval
         over = {k: v for k, v in over.items() if not k.startswith("algo.")}
-    over |= {"env.name": "hanabi/very-small-2p", "algo.last_action": False}
+    over |= {"env.name": "hanabi/very-small-2p", "algo.last_action": False, "model.agent_id": False}
     with make("hanabi/very-small-2p", num_envs=1) as env:
         assert env.reset().obs["players"].dtype == torch.uint8
     run = train(preset, {**over, "run_dir": str(tmp_path)})

@@ -63,6 +63,7 @@ class QAgent(nn.Module):
         episode start), ``state [B, n, H]``, ``starts [L, B]`` -> Q ``[L, B, n, A]``, state.
         ``whole_episodes``: every sequence is one episode from its first step."""
         x = obs.flatten(3) if obs.dim() > 4 else obs
+        x = x if x.is_floating_point() else x.float()  # an env's byte observations
         parts = [x]
         if self.last_action:
             parts.append(last_action)
