@@ -172,26 +172,12 @@ class HanabiEnv(BatchedEnv):
 
     def _step(self, actions: dict[str, Tensor]) -> EnvStep:
         g = self.games
-        acts = actions["players"].reshape(self.num_envs, self.rules.players)
-        moves = acts.gather(1, g.state["player"][:, None]).squeeze(1)
-        h = self.rules.hand
-        # discard slot i is move i, play slot i is H + i, every later move a hint
-        kind = (moves >= h).long() + (moves >= 2 * h).long()  # [E] index into MOVE_KINDS
-        self._moves += (
-            torch.nn.functional.one_hot(kind, len(MOVE_KINDS)) * (~g.state["over"])[:, None]
-        )
-        reward = g.step(moves)
-        self._length += 1
+        if g.native is not None:  # the move, its reward and the statistics in one pass in C
+            shared, stat_rows = g.env_step(actions["players"], self._length, self._moves)
+            stats = dict(zip(self.spec.stat_names, stat_rows, strict=True))
+        else:
+            shared, stats = self._move(actions["players"])
         done = g.state["over"].clone()
-        lost = (self.rules.max_life_tokens - g.state["life"]).float()
-        score = g.score().float()
-        stats = {
-            "score": score,
-            "perfect": (score == self._cards).float(),
-            "lives_lost": lost,
-            "length": self._length.float(),
-            **{k: self._moves[:, i].float() for i, k in enumerate(MOVE_KINDS)},
-        }
         # Finished games start again at once (auto-reset); their final views go to final_*.
         final_obs: Mapping[str, Tensor]
         final_mask: Mapping[str, Tensor]
@@ -213,7 +199,7 @@ class HanabiEnv(BatchedEnv):
             # which Hanabi does not have, never does).
             ids = done.nonzero().squeeze(1)
             ended_obs, ended_state, ended_mask, _ = self._views(ids)
-            g.reset_games(ids, g.shuffled_decks(self.generator, ids.numel()))
+            g.deal_shuffled(ids, self.generator)
             self._length[ids] = 0
             self._moves[ids] = 0
             obs, state, mask, alive = self._views()
@@ -223,7 +209,6 @@ class HanabiEnv(BatchedEnv):
         else:
             obs, state, mask, alive = self._views()
             final_obs, final_state, final_mask = {"players": obs}, state, {"players": mask}
-        shared = reward[:, None].expand(self.num_envs, self.rules.players).contiguous()
         return EnvStep(
             obs={"players": obs},
             state=state,
@@ -237,6 +222,32 @@ class HanabiEnv(BatchedEnv):
             final_action_mask=final_mask,
             stats=stats,
         )
+
+    def _move(self, actions: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        """The player to act's move of ``actions [E, P]`` in every game, counted in the
+        statistics; returns every player's reward ``[E, P]`` and the statistics after it."""
+        g = self.games
+        acts = actions.reshape(self.num_envs, self.rules.players)
+        moves = acts.gather(1, g.state["player"][:, None]).squeeze(1)
+        h = self.rules.hand
+        # discard slot i is move i, play slot i is H + i, every later move a hint
+        kind = (moves >= h).long() + (moves >= 2 * h).long()  # [E] index into MOVE_KINDS
+        self._moves += (
+            torch.nn.functional.one_hot(kind, len(MOVE_KINDS)) * (~g.state["over"])[:, None]
+        )
+        reward = g.step(moves)
+        self._length += 1
+        lost = (self.rules.max_life_tokens - g.state["life"]).float()
+        score = g.score().float()
+        stats = {
+            "score": score,
+            "perfect": (score == self._cards).float(),
+            "lives_lost": lost,
+            "length": self._length.float(),
+            **{k: self._moves[:, i].float() for i, k in enumerate(MOVE_KINDS)},
+        }
+        shared = reward[:, None].expand(self.num_envs, self.rules.players).contiguous()
+        return shared, stats
 
     def get_state(self) -> dict[str, Tensor]:
         out = {k: v.clone() for k, v in self.games.state.items()}

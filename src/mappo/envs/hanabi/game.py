@@ -216,7 +216,23 @@ class HanabiGames:
         """``[count, D]`` (default ``[B, D]``) independent uniformly shuffled deck orders."""
         n = self.batch if count is None else count
         keys = torch.rand(n, self.rules.deck_size, device=self.device, generator=generator)
-        return self.sorted_deck[keys.argsort(dim=1)]
+        if self.native is not None:  # the same sort in C (a torch sort of 50 keys is slow)
+            decks = torch.empty(n, self.rules.deck_size, dtype=torch.int64)
+            self.native.run("hanabi_shuffle", None, n, None, 0, keys.data_ptr(), decks.data_ptr())
+            return decks
+        # stable: equal keys (about one deck in 13,000) keep their order, as the C sort does
+        return self.sorted_deck[keys.argsort(dim=1, stable=True)]
+
+    def deal_shuffled(self, ids: Tensor, generator: torch.Generator | None = None) -> None:
+        """Start new games in rows ``ids [K]`` (distinct, in ``[0, B)``) from freshly shuffled
+        decks: the same games as ``reset_games(ids, shuffled_decks(generator, K))`` (the same
+        draws from ``generator``), shuffled and dealt in one pass with the native backend."""
+        if self.native is None or not self.state:
+            self.reset_games(ids, self.shuffled_decks(generator, int(ids.numel())))
+            return
+        ids = ids.to(torch.int64).contiguous()
+        keys = torch.rand(ids.numel(), self.rules.deck_size, generator=generator)
+        self.native.run("hanabi_shuffle", self.state, ids.numel(), ids, 1, keys.data_ptr(), None)
 
     def reset(self, decks: Tensor, mask: Tensor | None = None) -> None:
         """Start new games dealt from ``decks [B, D]`` (card ids, dealt from index 0: player 0's
@@ -284,6 +300,36 @@ class HanabiGames:
         fresh.reset(decks)
         for k, v in self.state.items():
             v[ids] = fresh.state[k]
+
+    def env_step(self, actions: Tensor, length: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
+        """One step of :class:`~mappo.envs.hanabi.env.HanabiEnv` in one pass (native backend
+        only): every player's move ``actions [B, P]`` int64 (the player to act's is made),
+        ``length [B]`` int64 counted up and ``counts [B, 3]`` int64 (moves by kind: discards,
+        plays, hints) counted for the games that were not over, both in place. Returns every
+        player's reward ``[B, P]`` float32 (the change of the score) and the episode statistics
+        ``[7, B]`` float32 after the move: score, perfect, lives lost, length, and ``counts``."""
+        if self.native is None:
+            raise RuntimeError("HanabiGames.env_step needs the native backend")
+        b, p = self.batch, self.rules.players
+        actions = actions.to(torch.int64).reshape(b, p).contiguous()
+        for name, t, shape in (("length", length, (b,)), ("counts", counts, (b, 3))):
+            if t.dtype != torch.int64 or t.shape != shape or not t.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous int64 tensor of shape {shape}")
+        rewards = torch.empty(b, p, dtype=torch.float32)
+        stats = torch.empty(7, b, dtype=torch.float32)
+        self.native.run(
+            "hanabi_env_step",
+            self.state,
+            b,
+            None,
+            b,
+            actions.data_ptr(),
+            length.data_ptr(),
+            counts.data_ptr(),
+            rewards.data_ptr(),
+            stats.data_ptr(),
+        )
+        return rewards, stats
 
     def _check_cards(self, decks: Tensor) -> None:
         """Raise ``ValueError`` unless every card id of ``decks`` lies in ``[0, C*R)``."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import platform
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -61,27 +62,46 @@ FIELDS = (
 )
 """The state tensors in the order the C code's field enum lists them."""
 
-MAX_PLAYERS, MAX_HAND, MAX_VIEW, MAX_MOVES = 5, 8, 2048, 64
+MAX_PLAYERS, MAX_HAND, MAX_VIEW, MAX_MOVES, MAX_DECK = 5, 8, 2048, 64, 128
 """The C code's fixed buffers: rules beyond them step in torch."""
 
 _SOURCE = Path(__file__).with_name("hanabi_native.c")
 _FLAGS = ("-O3", "-std=c11", "-shared", "-fPIC")
+_LIBCALL = ("-mstringop-strategy=libcall",)
+"""Tried first on x86-64: GCC expands the views' copies and clears of fixed sizes (hundreds of
+bytes) inline as ``rep movs``/``rep stos``, slow to start on some x86 CPUs; as calls, the C
+library's ``memcpy``/``memset`` (chosen for the CPU at load time) do them. A whole env step at
+4,096 2-player games 1.08-1.12x faster on an AMD EPYC (BENCHMARKS.md). Compilers without the
+option (clang) get the build without it."""
 _lock = threading.Lock()
 _libraries: dict[tuple[int, ...], ctypes.CDLL | None] = {}
 _reason: str | None = None
 _pool: ThreadPoolExecutor | None = None
 _forked = False  # this process is a forked child: no OpenMP team to hand rows to
 
-# hanabi_run's number of each function and its arguments as hanabi_run's (a, b, p0, p1, p2, p3)
+# hanabi_run's number of each function and its arguments as hanabi_run's (a, b, p0, ..., p4)
 _RUN = {
-    "hanabi_step": (0, lambda moves, rewards: (0, 0, moves, rewards, None, None)),
-    "hanabi_legal": (1, lambda out: (0, 0, out, None, None, None)),
-    "hanabi_observe": (2, lambda belief, out, width: (belief, width, out, None, None, None)),
+    "hanabi_step": (0, lambda moves, rewards: (0, 0, moves, rewards, None, None, None)),
+    "hanabi_legal": (1, lambda out: (0, 0, out, None, None, None, None)),
+    "hanabi_observe": (2, lambda belief, out, width: (belief, width, out, None, None, None, None)),
     "hanabi_views": (
         3,
-        lambda paper, byte, obs, state, mask, alive: (paper, byte, obs, state, mask, alive),
+        lambda paper, byte, obs, state, mask, alive: (paper, byte, obs, state, mask, alive, None),
     ),
-    "hanabi_deal": (4, lambda decks: (0, 0, decks, None, None, None)),
+    "hanabi_deal": (4, lambda decks: (0, 0, decks, None, None, None, None)),
+    "hanabi_env_step": (
+        5,
+        lambda batch, actions, length, counts, rewards, stats: (
+            batch,
+            0,
+            actions,
+            length,
+            counts,
+            rewards,
+            stats,
+        ),
+    ),
+    "hanabi_shuffle": (6, lambda deal, keys, decks: (deal, 0, keys, decks, None, None, None)),
 }
 
 MIN_GAMES_PER_THREAD = 256
@@ -149,7 +169,8 @@ def library(rules) -> ctypes.CDLL | None:
             # with torch's libgomp loaded, a build that shares its threads; else (or where the
             # compiler has no OpenMP) one that splits rows between threads of our own
             openmp = [True, False] if _torch_uses_libgomp() else [False]
-            candidates = [(_flags(key, o), "") for o in openmp]
+            extras = [_LIBCALL, ()] if platform.machine().lower() in ("x86_64", "amd64") else [()]
+            candidates = [(_flags(key, o) + extra, "") for o in openmp for extra in extras]
             lib, why = native_build.load_first(_SOURCE, "hanabi", candidates)
             if lib is None:
                 _reason = why
@@ -161,12 +182,14 @@ def library(rules) -> ctypes.CDLL | None:
                 lib.hanabi_observe.argtypes = [*common, ctypes.c_int, p, i64]
                 lib.hanabi_views.argtypes = [*common, ctypes.c_int, ctypes.c_int, p, p, p, p]
                 lib.hanabi_deal.argtypes = [*common, p]
-                # fn, threads, rules, state, ids, rows, a, b, p0..p3
+                lib.hanabi_env_step.argtypes = [*common, i64, p, p, p, p, p]
+                lib.hanabi_shuffle.argtypes = [*common, ctypes.c_int, p, p]
+                # fn, threads, rules, state, ids, rows, a, b, p0..p4
                 c_int = ctypes.c_int
-                lib.hanabi_run.argtypes = [c_int, c_int, *common[:3], i64, i64, i64, p, p, p, p]
-                for fn in ("hanabi_step", "hanabi_legal", "hanabi_observe", "hanabi_views"):
+                lib.hanabi_run.argtypes = [c_int, c_int, *common[:3], i64, i64, i64, *[p] * 5]
+                for fn in _RUN:
                     getattr(lib, fn).restype = None
-                lib.hanabi_deal.restype = lib.hanabi_run.restype = None
+                lib.hanabi_run.restype = None
                 lib.hanabi_openmp.argtypes = []
                 lib.hanabi_openmp.restype = ctypes.c_int
             _libraries[key] = lib
@@ -188,6 +211,7 @@ def fits(rules) -> bool:
         and rules.hand <= MAX_HAND
         and view <= MAX_VIEW
         and rules.num_moves <= MAX_MOVES
+        and rules.deck_size <= MAX_DECK
     )
 
 
@@ -235,10 +259,13 @@ class NativeGames:
             self._pointers[:] = [t.data_ptr() for t in self._tensors]
         return self._pointers
 
-    def run(self, fn: str, state: dict[str, Tensor], rows: int, ids: Tensor | None, *args) -> None:
+    def run(
+        self, fn: str, state: dict[str, Tensor] | None, rows: int, ids: Tensor | None, *args
+    ) -> None:
         """Call C function ``fn`` on rows ``0 .. rows-1`` (games ``ids[row]``, or game ``row``),
-        split between torch's threads when there are enough rows."""
-        ptrs = self.pointers(state)
+        split between torch's threads when there are enough rows. ``state`` is ``None`` for a
+        function that reads no game (shuffling decks alone)."""
+        ptrs = self.pointers(state) if state is not None else None
         ids_ptr = ids.data_ptr() if ids is not None else None
         if self._openmp:  # torch's OpenMP threads take the rows (the C code splits them)
             number, place = _RUN[fn]
