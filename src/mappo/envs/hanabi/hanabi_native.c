@@ -25,7 +25,6 @@
 
 typedef struct {
     int64_t P, C, R, H, D, MI, ML, obs, M;
-    int64_t inst[8];      /* copies of each card of rank r */
     int64_t color_of[32]; /* card -> color and rank: tables, since 64-bit divisions are slow */
     int64_t rank_of[32];
 } Rules;
@@ -72,6 +71,10 @@ static inline State unpack(void **s) {
 #define MAX_P 5
 #define MAX_H 8
 #define MAX_DECK 128 /* > the largest deck: 25 kinds of card, at most 3 copies each */
+
+/* Copies of each card of rank k (the HLE's NumberCardInstances, HanabiRules.instances): known
+ * to the compiler, which then unrolls the loops over them. */
+static inline int64_t copies_of(int64_t k) { return k == 0 ? 3 : (k == RULE(R) - 1 ? 1 : 2); }
 
 static inline int64_t fdiv(int64_t a, int64_t b) {
     int64_t q = a / b;
@@ -331,7 +334,7 @@ static inline void observe_game(const Rules *r, State t, int64_t g, int belief, 
     const int64_t *disc = t.discards + g * CR;
     for (int64_t c = 0; c < C; c++) {
         for (int64_t k = 0; k < R; k++) {
-            const int64_t copies = r->inst[k], gone = disc[c * R + k];
+            const int64_t copies = copies_of(k), gone = disc[c * R + k];
             for (int64_t q = 0; q < copies; q++) row0[at + q] = gone > q;
             at += copies;
         }
@@ -389,20 +392,22 @@ static inline void observe_game(const Rules *r, State t, int64_t g, int belief, 
 
     /* every holder's card knowledge, once per holder, then placed from each seat on */
     const int64_t per_slot = CR + C + R;
+    static const uint8_t no_rank[8] = {0};
     uint8_t know[MAX_P * MAX_H * 35];
     int64_t played_left[25];
     if (belief) { /* the copies of each card not yet discarded or played */
         for (int64_t c = 0; c < C; c++)
             for (int64_t k = 0; k < R; k++)
-                played_left[c * R + k] = r->inst[k] - disc[c * R + k] - (k < fw[c]);
+                played_left[c * R + k] = copies_of(k) - disc[c * R + k] - (k < fw[c]);
     }
     for (int64_t q = 0; q < P; q++) {
         for (int64_t j = 0; j < H; j++) {
             uint8_t *blk = know + (q * H + j) * per_slot;
             const uint8_t *cok = t.color_ok + ((g * P + q) * H + j) * C;
             const uint8_t *rok = t.rank_ok + ((g * P + q) * H + j) * R;
-            for (int64_t c = 0; c < C; c++)
-                for (int64_t k = 0; k < R; k++) blk[c * R + k] = cok[c] & rok[k];
+            /* color c's row is the plausible ranks or nothing: copies rather than the
+             * products, which the compiler packs into vectors through the stack (stalls) */
+            for (int64_t c = 0; c < C; c++) memcpy(blk + c * R, cok[c] ? rok : no_rank, R);
             if (belief) { /* the card's one-hot where the public counts determine it */
                 int64_t total = 0;
                 for (int64_t card = 0; card < CR; card++) total += blk[card] * played_left[card];
@@ -544,7 +549,7 @@ static inline void shuffle_deck(const Rules *r, const float *keys, int64_t *deck
     memcpy(key, keys, (size_t)D * sizeof(float));
     int64_t i = 0;
     for (int64_t card = 0; card < C * R; card++) {
-        for (int64_t q = 0; q < r->inst[r->rank_of[card]]; q++, i++) {
+        for (int64_t q = 0; q < copies_of(r->rank_of[card]); q++, i++) {
             const float k = key[i];
             int32_t place = 0;
             for (int32_t j = 0; j < (int32_t)D; j++)

@@ -117,7 +117,6 @@ class Rules(ctypes.Structure):
     _fields_ = [
         (name, ctypes.c_int64) for name in ("P", "C", "R", "H", "D", "MI", "ML", "obs", "M")
     ] + [
-        ("inst", ctypes.c_int64 * 8),
         ("color_of", ctypes.c_int64 * 32),
         ("rank_of", ctypes.c_int64 * 32),
     ]
@@ -222,11 +221,10 @@ class NativeGames:
     def __init__(self, lib: ctypes.CDLL, rules) -> None:
         self.lib = lib
         self._hanabi_rules = rules
-        inst = (ctypes.c_int64 * 8)(*[rules.instances(k) for k in range(rules.ranks)])
         cards = range(rules.colors * rules.ranks)
         color_of = (ctypes.c_int64 * 32)(*[card // rules.ranks for card in cards])
         rank_of = (ctypes.c_int64 * 32)(*[card % rules.ranks for card in cards])
-        self.rules = Rules(*_sizes(rules), inst, color_of, rank_of)
+        self.rules = Rules(*_sizes(rules), color_of, rank_of)
         self._rules_ref = ctypes.byref(self.rules)
         self._openmp = bool(lib.hanabi_openmp())
         self._tensors: list[Tensor] = []
