@@ -332,9 +332,9 @@ class HanabiEnv(BatchedEnv):
         cols = (hand_bits.shape[1], n_obs) if paper else (n_obs, hand_bits.shape[1])
         state = torch.empty(e, sum(cols), dtype=self.dtype, device=self.device)
         view_cols, hand_cols = state.split(cols, dim=1)[:: -1 if paper else 1]
-        view_cols.copy_(buffer.view(torch.uint8)[rows, me])
-        hand_cols.copy_(hand_bits.view(torch.uint8))
         as_bytes = buffer.view(torch.uint8)
+        view_cols.copy_(as_bytes[rows, me])
+        hand_cols.copy_(hand_bits.view(torch.uint8))
         obs = as_float(buffer) if self.dtype == torch.float32 else as_bytes.clone()
         # Nobody acts in a finished game (its final views): every seat gets the idle mask.
         alive = (self._seats[None, :] == me[:, None]) & ~g.state["over"][:, None]
