@@ -339,6 +339,8 @@ def test_native_decks_are_torchs_decks_ties_included(variant):
         assert torch.equal(fast.state[k], v), k
     assert not torch.equal(fast.state["deck"][ids], start[ids])
     assert torch.equal(fast.state["deck"][1:7], start[1:7])
+    with pytest.raises(IndexError, match="game ids must lie in"):
+        fast.deal_shuffled(torch.tensor([300]))
 
 
 def test_the_native_env_step_refuses_counters_it_cannot_write():

@@ -230,7 +230,9 @@ class HanabiGames:
         if self.native is None or not self.state:
             self.reset_games(ids, self.shuffled_decks(generator, int(ids.numel())))
             return
-        ids = ids.to(torch.int64).contiguous()
+        ids = ids.to(torch.int64).reshape(-1).contiguous()
+        if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < self.batch:
+            raise IndexError(f"game ids must lie in [0, {self.batch})")  # the C code writes there
         keys = torch.rand(ids.numel(), self.rules.deck_size, generator=generator)
         self.native.run("hanabi_shuffle", self.state, ids.numel(), ids, 1, keys.data_ptr(), None)
 
