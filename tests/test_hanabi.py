@@ -341,6 +341,14 @@ def test_native_decks_are_torchs_decks_ties_included(variant):
     assert torch.equal(fast.state["deck"][1:7], start[1:7])
     with pytest.raises(IndexError, match="game ids must lie in"):
         fast.deal_shuffled(torch.tensor([300]))
+    # the keys are float32 whatever torch's default dtype (the C sort reads them as such)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        want = plain.shuffled_decks(torch.Generator().manual_seed(8))
+        assert torch.equal(fast.shuffled_decks(torch.Generator().manual_seed(8)), want)
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def test_the_native_env_step_refuses_counters_it_cannot_write():

@@ -215,7 +215,9 @@ class HanabiGames:
     ) -> Tensor:
         """``[count, D]`` (default ``[B, D]``) independent uniformly shuffled deck orders."""
         n = self.batch if count is None else count
-        keys = torch.rand(n, self.rules.deck_size, device=self.device, generator=generator)
+        keys = torch.rand(
+            n, self.rules.deck_size, dtype=torch.float32, device=self.device, generator=generator
+        )
         if self.native is not None:  # the same sort in C (a torch sort of 50 keys is slow)
             decks = torch.empty(n, self.rules.deck_size, dtype=torch.int64)
             self.native.run("hanabi_shuffle", None, n, None, 0, keys.data_ptr(), decks.data_ptr())
@@ -233,7 +235,9 @@ class HanabiGames:
         ids = ids.to(torch.int64).reshape(-1).contiguous()
         if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < self.batch:
             raise IndexError(f"game ids must lie in [0, {self.batch})")  # the C code writes there
-        keys = torch.rand(ids.numel(), self.rules.deck_size, generator=generator)
+        keys = torch.rand(
+            ids.numel(), self.rules.deck_size, dtype=torch.float32, generator=generator
+        )
         self.native.run("hanabi_shuffle", self.state, ids.numel(), ids, 1, keys.data_ptr(), None)
 
     def reset(self, decks: Tensor, mask: Tensor | None = None) -> None:
