@@ -466,7 +466,8 @@ def test_the_fused_rollout_step_equals_the_eager_one(preset, bootstrap):
     networks eight steps per graph (``claim_traced_steps``), episode ends included: the resets'
     random numbers are drawn when the steps are claimed. Two rollouts of 30 steps cross the time
     limit twice (25 and 50): buffers (with the time-limit bootstrap's inputs for the
-    feed-forward case), tracker, env state and the step to act on next equal those of eager
+    feed-forward case, and the feed-forward critics' values, which a graph of their own computes
+    after the loop), tracker, env state and the step to act on next equal those of eager
     collection."""
     from mappo.compiled import fuses_env_step
 
@@ -538,13 +539,16 @@ def test_the_fused_rollout_step_equals_the_eager_one(preset, bootstrap):
     for group, obs in collectors["off"].step.obs.items():
         torch.testing.assert_close(collectors["on"].step.obs[group], obs, rtol=1e-5, atol=1e-5)
     # One graph for the single fused step and one for the block, whether or not an episode
-    # ends in them, also after a checkpoint round trip: nothing recompiles per step (and the
-    # policy step alone, for eager env steps, is never compiled).
+    # ends in them, and one for the feed-forward critics' values after the loop, also after a
+    # checkpoint round trip: nothing recompiles per step (and the policy step alone, for eager
+    # env steps, is never compiled).
+    assert (compiled.values_fn is not None) == (SMALL["device"] == "cpu")
     compiled.load_state_dict(compiled.state_dict(), fallback_seed=0)
     compiled.env.claim_traced_step, compiled.env.claim_traced_steps = claim, claim_block
     trainers["on"].collector.collect()
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs_before
-    assert graphs == 1 + blocks
+    values_graph = blocks and compiled.values_fn is not None  # feed-forward critics here
+    assert graphs == 1 + blocks + values_graph
     for t in trainers.values():
         t.close()
 
@@ -765,7 +769,8 @@ def test_auto_falls_back_to_eager_when_compiling_fails(monkeypatch):
     names = sorted(str(w.message).split()[2] for w in caught)
     # (the single fused step and the policy step alone are compiled for steps outside blocks
     # and for eager env steps, which these rollouts have none of)
-    assert names == ["fused_steps", "gradient_step"], names  # 16-step rollouts: two blocks
+    # 16-step rollouts: two blocks
+    assert names == ["fused_steps", "gradient_step", "rollout_values"], names
     for k, v in eager[1].items():
         assert torch.equal(auto[1][k], v), k
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):

@@ -25,6 +25,11 @@ What is compiled, and why there:
   Spread settings took 1.7x less time. Recurrent networks keep one step per call: their update
   outweighs the rollout, and the block's longer compile (about 37 s for the paper's recurrent
   preset) bought 2-3% there.
+- :func:`mappo.rollout.rollout_values` (CPU): the feed-forward critics' values of a whole
+  rollout after its last step, one graph per iteration. Eager, its two ``tanh`` layers over
+  every step's rows were most of its 5 ms at JaxMARL's Spread settings; compiled, the
+  iteration took 1.06-1.09x less time (one process alternating, BENCHMARKS.md), for about 4 s
+  of cold compile.
 - :func:`mappo.algos.mappo.gradient_step` (feed-forward networks): a mini-batch's whole step,
   the loss and its gradients (:func:`torch.func.grad`), each network's gradient clipping and Adam,
   as one graph that updates the parameters and the optimisers' state in place. On the CPU the eager

@@ -232,6 +232,33 @@ def final_critic(
     return value[0]
 
 
+def rollout_values(
+    policy: ActorCritic,
+    groups: dict[str, GroupBuffer],
+    step: EnvStep,
+    critic_states: dict[str, Tensor],
+    finals: dict[str, Tensor],
+) -> None:
+    """The feed-forward critics' values of a whole rollout, after its last step, written into
+    each of ``groups``' buffers: ``values [T + 1, E, C]`` (the stored critic inputs, then the
+    inputs of ``step``, the one the agents act on next) and, for the groups in ``finals``
+    (their final-observation critic inputs ``[T, E, C, in]``, for bootstrapping at time
+    limits), ``final_values [T, E, C]``. One batched call per group instead of one per step;
+    the compiled path compiles it as one graph (its eager form spent most of its time in
+    ``tanh``, which the graph computes from ``exp``, :data:`mappo.compiled.CPU_OPTIONS`).
+    ``critic_states``: the critics' (empty) states, passed through."""
+    for name, buf in groups.items():
+        critic = policy.critics[name]
+        T, E = buf.critic_x.shape[:2]
+        x = policy.critic_input(name, step).unsqueeze(0)
+        no_state = critic_states[name]
+        no_starts = torch.zeros(1, E, dtype=torch.bool, device=x.device)
+        buf.values[:T] = critic(buf.critic_x, no_state, no_starts.expand(T, -1))[0]
+        buf.values[T] = critic(x, no_state, no_starts)[0][0]
+        if name in finals:
+            buf.final_values.copy_(critic(finals[name], no_state, no_starts.expand(T, -1))[0])
+
+
 def fused_steps(
     policy: ActorCritic,
     env_step: Callable[[dict[str, Tensor]], EnvStep],
@@ -343,6 +370,8 @@ class Collector:
     block_fn: Callable[..., Any] | None = None
     """The compiled :func:`fused_steps`, for runs of ``block`` steps that the env lets it
     trace (:meth:`~mappo.envs.base.BatchedEnv.claim_traced_steps`); ``None``: never."""
+    values_fn: Callable[..., Any] | None = None
+    """:func:`rollout_values` or its compiled form (``None``: the function itself)."""
     block: int = 0
     """Steps per :attr:`block_fn` call (used only where ``block_fn`` is set)."""
     traced_step_fn: Callable[..., Any] = policy_step
@@ -420,19 +449,20 @@ class Collector:
             self.starts = self.step.done
             t += 1
         starts = self.starts.unsqueeze(0)
+        later: dict[str, GroupBuffer] = {}
+        finals: dict[str, Tensor] = {}
         for name, buf in ro.groups.items():
-            critic = policy.critics[name]
-            x = policy.critic_input(name, self.step).unsqueeze(0)
             if stepwise[name]:
+                x = policy.critic_input(name, self.step).unsqueeze(0)
+                critic = policy.critics[name]
                 buf.values[T] = critic(x, self.critic_states[name], starts)[0][0]
                 continue
-            no_state = self.critic_states[name]
-            no_starts = torch.zeros(1, ro.starts.shape[1], dtype=torch.bool, device=starts.device)
-            buf.values[:T] = critic(buf.critic_x, no_state, no_starts.expand(T, -1))[0]
-            buf.values[T] = critic(x, no_state, no_starts)[0][0]
+            later[name] = buf
             if self.bootstrap:
-                finals = torch.stack(final_x[name])
-                buf.final_values.copy_(critic(finals, no_state, no_starts.expand(T, -1))[0])
+                finals[name] = torch.stack(final_x[name])
+        if later:
+            values = self.values_fn or rollout_values
+            values(policy, later, self.step, self.critic_states, finals)
         return ro
 
     def _block(self, t: int, T: int, final_x: dict[str, list[Tensor]]) -> bool:

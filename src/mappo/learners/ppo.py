@@ -41,6 +41,7 @@ from mappo.rollout import (
     fused_step,
     fused_steps,
     policy_step,
+    rollout_values,
 )
 
 
@@ -126,6 +127,13 @@ class PPOLearner:
             fallback = cfg.compile == "auto"
             self.collector.step_fn = compile_fn(policy_step, graphs, fallback, cpp_wrapper=cpu)
             fuse_env_steps(self.collector, env, cfg, self.recurrent, env.num_envs)
+            if cpu:
+                # The feed-forward critics' values after each rollout, one graph. With C++
+                # calls of its kernels like the other CPU graphs: its kernels then share their
+                # precompiled header (about 8 s of a cold compile for each kind).
+                self.collector.values_fn = compile_fn(
+                    rollout_values, fallback=fallback, cpp_wrapper=True
+                )
             if compiles_gradient_step(self.device, self.recurrent):
                 # The whole gradient step (loss, gradients, clipping, Adam) as one graph.
                 self.step_fn = compile_fn(
