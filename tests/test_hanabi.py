@@ -341,6 +341,13 @@ def test_native_decks_are_torchs_decks_ties_included(variant):
     assert torch.equal(fast.state["deck"][1:7], start[1:7])
     with pytest.raises(IndexError, match="game ids must lie in"):
         fast.deal_shuffled(torch.tensor([300]))
+    with pytest.raises(IndexError, match="game ids must lie in"):
+        fast.deal_shuffled(torch.tensor([-301]))
+    # negative ids count from the end, as in reset_games and torch's indexing
+    plain.deal_shuffled(torch.tensor([-1, -300]), torch.Generator().manual_seed(7))
+    fast.deal_shuffled(torch.tensor([-1, -300]), torch.Generator().manual_seed(7))
+    for k, v in plain.state.items():
+        assert torch.equal(fast.state[k], v), k
     # the keys are float32 whatever torch's default dtype (the C sort reads them as such)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)

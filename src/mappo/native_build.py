@@ -99,10 +99,18 @@ def build(
         pass
     if hasattr(os, "getuid"):
         folders.append(Path(tempfile.gettempdir()) / f"mappo-{os.getuid()}")
+    # a build this compiler refused is remembered beside the libraries, so that callers that
+    # try flags best first (an option clang lacks, -fopenmp without OpenMP) do not pay the
+    # failed compile again in every process; the compiler's own file is part of the marker's
+    # name, so a changed or upgraded compiler tries afresh
+    refused = f"{name[:-3]}-{_compiler_stamp(command[0])}.failed"
     if not rebuild:
         for folder in folders:
             if (folder / name).exists() and trusted(folder):
                 return folder / name
+            if (folder / refused).exists() and trusted(folder):
+                why = (folder / refused).read_text(errors="replace").strip()
+                raise RuntimeError(f"{why} (remembered; delete {folder / refused} to retry)")
     for folder in folders:
         try:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -127,12 +135,27 @@ def build(
             timeout=120,
         )
         if done.returncode != 0:
-            raise RuntimeError(f"{command[0]} failed: {done.stderr.strip()[:500]}")
+            why = f"{command[0]} failed: {done.stderr.strip()[:500]}"
+            try:
+                (folder / refused).write_text(why)
+            except OSError:  # not remembered: the next process tries again
+                pass
+            raise RuntimeError(why)
         os.replace(partial, target)
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
     return target
+
+
+def _compiler_stamp(program: str) -> str:
+    """A short hash of the compiler's resolved file, its size and modification time."""
+    found = shutil.which(program)
+    if found is None:
+        return "none"
+    real = os.path.realpath(found)
+    info = os.stat(real)
+    return hashlib.sha256(f"{real} {info.st_size} {info.st_mtime_ns}".encode()).hexdigest()[:8]
 
 
 def trusted(folder: Path) -> bool:

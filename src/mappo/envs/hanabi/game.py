@@ -226,15 +226,18 @@ class HanabiGames:
         return self.sorted_deck[keys.argsort(dim=1, stable=True)]
 
     def deal_shuffled(self, ids: Tensor, generator: torch.Generator | None = None) -> None:
-        """Start new games in rows ``ids [K]`` (distinct, in ``[0, B)``) from freshly shuffled
-        decks: the same games as ``reset_games(ids, shuffled_decks(generator, K))`` (the same
-        draws from ``generator``), shuffled and dealt in one pass with the native backend."""
+        """Start new games in rows ``ids [K]`` (distinct, in ``[-B, B)``, negative ids counted
+        from the end as torch indexes) from freshly shuffled decks: the same games as
+        ``reset_games(ids, shuffled_decks(generator, K))`` (the same draws from ``generator``),
+        shuffled and dealt in one pass with the native backend."""
         if self.native is None or not self.state:
             self.reset_games(ids, self.shuffled_decks(generator, int(ids.numel())))
             return
-        ids = ids.to(torch.int64).reshape(-1).contiguous()
+        ids = ids.to(torch.int64).reshape(-1)
+        ids = torch.where(ids < 0, ids + self.batch, ids).contiguous()  # as reset_games takes
         if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < self.batch:
-            raise IndexError(f"game ids must lie in [0, {self.batch})")  # the C code writes there
+            # the C code writes at these rows
+            raise IndexError(f"game ids must lie in [-{self.batch}, {self.batch})")
         keys = torch.rand(
             ids.numel(), self.rules.deck_size, dtype=torch.float32, generator=generator
         )
