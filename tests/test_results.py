@@ -14,7 +14,7 @@ from mappo import config as C
 from mappo.cli import main
 from mappo.experiments import stats
 from mappo.experiments.plot import aggregate, plot_curves
-from mappo.experiments.report import marl_eval, report_rows
+from mappo.experiments.report import first_reach, marl_eval, report_rows
 from mappo.experiments.runs import find_runs, group_runs
 
 RETURN = "eval/eval_return_mean"
@@ -78,6 +78,41 @@ def test_report_rows_equal_hand_computations(tmp_path):
     expected = stats.bootstrap(finals_a, "iqm", seed=3)
     assert (a.final_iqm_low, a.final_iqm_high) == (expected.low, expected.high)
     assert rows[0].seeds == 1 and rows[0].final_iqm == rows[0].final_iqm_low == -130.0
+
+
+def test_time_to_a_target_is_judged_by_the_mean_of_consecutive_evaluations(tmp_path, capsys):
+    """``--target``: per seed the first evaluation where the mean of it and the evaluations
+    before it (``--window``) reaches the level, in env steps and wall seconds; a single lucky
+    evaluation counts only with a window of one."""
+    _fake_run(tmp_path, 1, [(1000, -130.0), (2000, -118.0), (3000, -121.0), (4000, -119.0)])
+    _fake_run(tmp_path, 2, [(1000, -119.0), (2000, -119.0), (3000, -119.0), (4000, -125.0)])
+    _fake_run(tmp_path, 3, [(1000, -150.0), (2000, -110.0), (3000, -150.0), (4000, -150.0)])
+    configs = group_runs(find_runs([tmp_path]))
+    (row,) = report_rows(configs, RETURN, target=-120.0)
+    # seed 1: means of three -123.0, -119.3 (at 4000 steps, 40 s); seed 2: -119.0 at 3000
+    # steps; seed 3 never (its one evaluation of -110 among -150s)
+    assert (row.reached, row.seeds, row.target_window) == (2, 3, 3)
+    assert row.target_steps == 3500 and row.target_seconds == 35 and row.target_seconds_max == 40
+    (lucky,) = report_rows(configs, RETURN, target=-120.0, window=1)
+    assert lucky.reached == 3 and lucky.target_seconds_max == 20  # seed 1 at 2000 steps
+    (none,) = report_rows(configs, RETURN, target=-100.0)
+    assert none.reached == 0 and np.isnan(none.target_steps) and np.isnan(none.target_seconds)
+    assert np.isnan(report_rows(configs, RETURN)[0].target)
+    steps = np.array([1.0, 2.0])
+    assert first_reach(steps, steps, np.array([5.0, 5.0]), 0.0, 3) is None  # too few
+    assert first_reach(steps, steps * 10, np.array([-1.0, 5.0]), 2.0, 2) == (2.0, 20.0)
+    assert main(["report", str(tmp_path), "--target", "-120"]) == 0
+    out = capsys.readouterr().out
+    assert "| reached -120 (mean of 3) | env steps to it (median) | wall to it" in out
+    assert "| 2 / 3 | 4k | 35 s, 40 s |" in out
+    assert main(["report", str(tmp_path), "--target", "-120", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["reached"] == 2
+    assert main(["report", str(tmp_path), "--target", "-120", "--window", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "mappo: error: --window must be at least 1 evaluation, not 0"
+    # a table without a target has no such columns
+    assert main(["report", str(tmp_path)]) == 0
+    assert "reached" not in capsys.readouterr().out
 
 
 def test_configurations_differing_in_an_env_keyword_are_labelled_by_it(tmp_path):

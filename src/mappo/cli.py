@@ -345,7 +345,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from mappo.experiments.report import FORMATS, marl_eval, report_rows
 
     configs, _ = _results(args)
-    table = FORMATS[args.format](report_rows(configs, args.metric))
+    rows = report_rows(configs, args.metric, target=args.target, window=args.window)
+    table = FORMATS[args.format](rows)
     if args.marl_eval:  # written first: an unwritable path fails before anything is printed
         args.marl_eval.write_text(json.dumps(marl_eval(configs, args.metric), indent=2))
     print(table)
@@ -434,7 +435,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name, helptext in (
         ("plot", "learning curves of run directories: mean and 95%% band over seeds"),
-        ("report", "a table per configuration of run directories: final, best, IQM with CI"),
+        (
+            "report",
+            "a table per configuration of run directories: final, best, IQM with CI, and the "
+            "time to a --target",
+        ),
     ):
         q = sub.add_parser(name, help=helptext)
         q.add_argument("dirs", nargs="+", help="run directories or folders holding them")
@@ -452,6 +457,18 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument("--format", default="markdown", choices=("markdown", "csv", "json"))
             q.add_argument(
                 "--marl-eval", type=Path, help="also write the runs as marl-eval raw-data JSON"
+            )
+            q.add_argument(
+                "--target",
+                type=float,
+                help="a level of the metric (e.g. -120): when each seed first reached it, in env "
+                "steps and wall seconds, judged by the mean of --window consecutive evaluations",
+            )
+            q.add_argument(
+                "--window",
+                type=int,
+                default=3,
+                help="evaluations averaged for --target (default 3)",
             )
             q.set_defaults(func=cmd_report)
 

@@ -3,7 +3,10 @@
 Per configuration: the number of seeds, env steps and wall time (means over seeds), the final and
 the best greedy evaluation (means over seeds), and the interquartile mean of the final
 evaluations with a 95% percentile-bootstrap interval over seeds (:mod:`mappo.experiments.stats`),
-beside the MAPPO paper's figure where the preset is one of the paper's settings. Written as
+beside the MAPPO paper's figure where the preset is one of the paper's settings; with a target
+(``mappo report --target -120``), how many seeds reached it and when, in env steps and in wall
+time (compilation included), judged by the mean of the last few evaluations so that one lucky
+evaluation does not decide. Written as
 Markdown, CSV or JSON, and exported in the JSON layout of marl-eval (Gorsane et al. 2022), which
 BenchMARL and Mava read.
 """
@@ -17,9 +20,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
 from mappo.experiments.runs import (
     WIN_RATE,
     Configuration,
+    ResultsError,
     RunRecord,
     check_metric,
     default_metric,
@@ -58,6 +64,36 @@ class ReportRow:
     final_iqm_high: float
     paper: str
     paper_source: str
+    target: float = math.nan
+    """The level asked for (``nan``: none)."""
+    target_window: int = 0
+    """How many consecutive evaluations the level is judged on (their mean)."""
+    reached: int = 0
+    """Seeds whose mean of ``target_window`` consecutive evaluations reached ``target``."""
+    target_steps: float = math.nan
+    """Env steps at the first such evaluation: the median over the seeds that reached it."""
+    target_seconds: float = math.nan
+    """Wall seconds since the run started (compilation included) at that evaluation: median."""
+    target_seconds_max: float = math.nan
+    """The same, the slowest seed that reached it."""
+
+
+def first_reach(
+    steps: np.ndarray, seconds: np.ndarray, values: np.ndarray, target: float, window: int
+) -> tuple[float, float] | None:
+    """``(env steps, wall seconds)`` at the first evaluation where the mean of it and the
+    ``window - 1`` evaluations before it is at least ``target``; ``None`` if that never happens.
+    The arrays are one run's evaluations in order, ``[k]`` each."""
+    if window < 1:
+        raise ValueError("the window must be at least one evaluation")
+    if len(values) < window:
+        return None
+    means = np.convolve(values, np.ones(window) / window, mode="valid")  # [k - window + 1]
+    hits = np.flatnonzero(means >= target)
+    if not len(hits):
+        return None
+    i = int(hits[0]) + window - 1
+    return float(steps[i]), float(seconds[i])
 
 
 def _mean(values: list[float]) -> float:
@@ -66,22 +102,32 @@ def _mean(values: list[float]) -> float:
 
 
 def report_rows(
-    configs: list[Configuration], metric: str | None = None, seed: int = 0
+    configs: list[Configuration],
+    metric: str | None = None,
+    seed: int = 0,
+    target: float | None = None,
+    window: int = 3,
 ) -> list[ReportRow]:
     """The report's rows over the runs that logged ``metric`` (default: each configuration's
     win rate if it logs one, else its greedy return); the bootstrap uses ``seed`` (so a report
-    is reproducible)."""
+    is reproducible). With ``target``, each row also says when its seeds first reached it
+    (:func:`first_reach` over ``window`` evaluations)."""
+    if window < 1:
+        raise ResultsError(f"--window must be at least 1 evaluation, not {window}")
     if metric is not None:
         check_metric([r for c in configs for r in c.runs], metric)
     rows = []
     for conf in configs:
         name = metric or default_metric(conf.runs)
         runs = with_values(conf, name)
-        finals, bests = [], []
+        finals, bests, reached = [], [], []
         for run in runs:
             _, y = run.curve(name)
             finals.append(float(y[-1]))
             bests.append(float(y.max()))
+            hit = None if target is None else _reach(run, name, target, window)
+            if hit is not None:
+                reached.append(hit)
         interval = bootstrap(finals, "iqm", seed=seed) if finals else None
         preset = conf.runs[0].config.get("preset") or ""
         paper, source = PAPER.get(str(preset), ("", ""))
@@ -101,9 +147,32 @@ def report_rows(
                 final_iqm_high=interval.high if interval else math.nan,
                 paper=paper,
                 paper_source=source,
+                target=math.nan if target is None else float(target),
+                target_window=window if target is not None else 0,
+                reached=len(reached),
+                target_steps=_median([s for s, _ in reached]),
+                target_seconds=_median([t for _, t in reached]),
+                target_seconds_max=max((t for _, t in reached), default=math.nan),
             )
         )
     return rows
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values)) if values else math.nan
+
+
+def _reach(run: RunRecord, metric: str, target: float, window: int) -> tuple[float, float] | None:
+    """:func:`first_reach` over ``run``'s evaluations of ``metric``."""
+    for column in ("env_steps", "wall_seconds"):
+        if column not in run.columns:
+            raise ResultsError(
+                f"'{run.dir / 'metrics.csv'}' has no column '{column}', which --target needs"
+            )
+    c = run.columns
+    keep = np.isfinite(c[metric]) & np.isfinite(c["env_steps"]) & np.isfinite(c["wall_seconds"])
+    steps, seconds, values = c["env_steps"][keep], c["wall_seconds"][keep], c[metric][keep]
+    return first_reach(steps, seconds, values, target, window)
 
 
 def _num(value: float, digits: int = 2) -> str:
@@ -119,18 +188,39 @@ def _steps(value: float) -> str:
 def format_markdown(rows: list[ReportRow]) -> str:
     """A Markdown table with the metric named above it."""
     metrics = sorted({r.metric for r in rows})
-    head = (
-        "| configuration | seeds | env steps | wall | final (mean) | best (mean) | "
-        "final IQM [95% CI] | paper code |\n|---|---|---|---|---|---|---|---|\n"
-    )
+    targeted = [r for r in rows if math.isfinite(r.target)]
+    names = ["configuration", "seeds", "env steps", "wall", "final (mean)", "best (mean)"]
+    names += ["final IQM [95% CI]"]
+    if targeted:
+        t = targeted[0]
+        names += [
+            f"reached {t.target:g} (mean of {t.target_window})",
+            "env steps to it (median)",
+            "wall to it (median, slowest)",
+        ]
+    names += ["paper code"]
+    head = f"| {' | '.join(names)} |\n|{'---|' * len(names)}\n"
     lines = []
     for r in rows:
         paper = f"{r.paper} ({r.paper_source})" if r.paper else ""
-        lines.append(
-            f"| {r.configuration} | {r.seeds} | {_steps(r.env_steps)} | "
-            f"{_num(r.wall_seconds, 0)} s | {_num(r.final_mean)} | {_num(r.best_mean)} | "
-            f"{_num(r.final_iqm)} [{_num(r.final_iqm_low)}, {_num(r.final_iqm_high)}] | {paper} |"
-        )
+        cells = [
+            r.configuration,
+            str(r.seeds),
+            _steps(r.env_steps),
+            f"{_num(r.wall_seconds, 0)} s",
+            _num(r.final_mean),
+            _num(r.best_mean),
+            f"{_num(r.final_iqm)} [{_num(r.final_iqm_low)}, {_num(r.final_iqm_high)}]",
+        ]
+        if targeted:
+            cells += [
+                f"{r.reached} / {r.seeds}",
+                _steps(r.target_steps),
+                f"{_num(r.target_seconds, 0)} s, {_num(r.target_seconds_max, 0)} s"
+                if r.reached
+                else "-",
+            ]
+        lines.append(f"| {' | '.join([*cells, paper])} |")
     return f"Metric: `{'`, `'.join(metrics)}` (greedy evaluation)\n\n" + head + "\n".join(lines)
 
 
