@@ -107,6 +107,9 @@ def test_time_to_a_target_is_judged_by_the_mean_of_consecutive_evaluations(tmp_p
     assert "| 2 / 3 | 4k | 35 s, 40 s |" in out
     assert main(["report", str(tmp_path), "--target", "-120", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["reached"] == 2
+    assert main(["report", str(tmp_path), "--target", "-100", "--format", "json"]) == 0
+    missed = json.loads(capsys.readouterr().out)[0]  # strict JSON: null, not NaN
+    assert missed["reached"] == 0 and missed["target_seconds"] is None
     assert main(["report", str(tmp_path), "--target", "-120", "--window", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "mappo: error: --window must be at least 1 evaluation, not 0"

@@ -233,7 +233,12 @@ def format_csv(rows: list[ReportRow]) -> str:
 
 
 def format_json(rows: list[ReportRow]) -> str:
-    return json.dumps([asdict(r) for r in rows], indent=2)
+    """The rows as a JSON list, ``null`` where a figure does not exist (``NaN`` is not JSON)."""
+    clean = [
+        {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in asdict(r).items()}
+        for r in rows
+    ]
+    return json.dumps(clean, indent=2)
 
 
 FORMATS = {"markdown": format_markdown, "csv": format_csv, "json": format_json}
