@@ -2,7 +2,8 @@
 # The GPU rows of BENCHMARKS.md and RESULTS.md in one command, on one machine, so that mappo and
 # JaxMARL are measured minutes apart. Each part writes its JSON (or run directories) into the
 # output folder and has a time limit of its own: a part that fails or runs out of time is logged
-# in log.txt and the next one runs.
+# in log.txt and the next one runs; the script exits 1 if any part failed. Use a new OUT per call
+# (the time-to-target runs of an earlier call would be reported with the new ones).
 #
 #   benchmarks/gpu_suite.sh OUT [PART...]      # default: every part, in the order below
 #
@@ -33,8 +34,24 @@ python=${PYTHON:-python3}
 compile=${COMPILE:-on}
 extra=${EXTRA:-}
 here=$(cd "$(dirname "$0")" && pwd)
+known=" ff seeds env paper target hanabi jaxmarl "
+for part in $parts; do
+    if [[ $known != *" $part "* ]]; then
+        echo "unknown part '$part' (ff seeds env paper target hanabi jaxmarl)" >&2
+        exit 2
+    fi
+done
+if ! command -v timeout > /dev/null; then
+    echo "the suite needs 'timeout' (GNU coreutils)" >&2
+    exit 2
+fi
+if [ -e "$out/target_runs" ]; then
+    echo "$out/target_runs exists (an earlier call's runs); give a new OUT folder" >&2
+    exit 2
+fi
 mkdir -p "$out"
 log="$out/log.txt"
+failed=0
 
 # run NAME SECONDS COMMAND...: COMMAND's stdout into NAME.json, its stderr into NAME.err
 run() {
@@ -42,8 +59,10 @@ run() {
     shift 2
     local start=$SECONDS
     echo "$(date +%T) start $name: $*" >> "$log"
-    timeout "$limit" "$@" > "$out/$name.json" 2> "$out/$name.err"
+    # SIGTERM at the limit (runs save a checkpoint on it), SIGKILL 30 s later
+    timeout -k 30 "$limit" "$@" > "$out/$name.json" 2> "$out/$name.err"
     local rc=$?
+    if [ $rc -ne 0 ]; then failed=1; fi
     echo "$(date +%T) end $name: rc=$rc, $((SECONDS - start)) s" >> "$log"
 }
 
@@ -93,10 +112,7 @@ for part in $parts; do
         run jaxmarl_ff_10_seeds 420 $python "$here/jaxmarl_baseline.py" "$script" --updates 100 \
             --repeats 1 --seeds 10 --json
         ;;
-    *)
-        echo "unknown part '$part' (ff seeds env paper target hanabi jaxmarl)" >&2
-        exit 2
-        ;;
     esac
 done
-echo "$(date +%T) done" >> "$log"
+echo "$(date +%T) done$([ $failed -eq 0 ] || echo ', some parts failed')" >> "$log"
+exit $failed

@@ -1,5 +1,6 @@
-"""``benchmarks/gpu_suite.sh``: its plumbing (time limits, outputs, the report over its runs) run
-on the CPU with a small budget; on a GPU it runs the same commands at full size."""
+"""``benchmarks/gpu_suite.sh``: its plumbing (outputs, the log, the report over its runs, the
+refusals) run on the CPU with a small budget; on a GPU it runs the same commands at full
+size."""
 
 from __future__ import annotations
 
@@ -37,6 +38,20 @@ def test_the_target_part_trains_its_seeds_and_reports_them(tmp_path):
     assert row["seeds"] == 2 and row["target"] == -120.0 and row["target_window"] == 3
     assert row["configuration"] == "mpe/simple_spread_gpu rmappo"
     assert row["reached"] == 0 and row["target_seconds"] is None  # 25,600 steps learn little
-    # an unknown part is refused with the list of parts
-    bad = subprocess.run(["bash", str(SUITE), str(out), "nope"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "unknown part 'nope'" in bad.stderr
+    # an unknown part is refused before anything runs, with the list of parts
+    fresh = tmp_path / "fresh"
+    bad = subprocess.run(
+        ["bash", str(SUITE), str(fresh), "target", "nope"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "unknown part 'nope'" in bad.stderr and not fresh.exists()
+    # so is an output folder holding an earlier call's runs
+    again = subprocess.run(["bash", str(SUITE), str(out), "target"], capture_output=True, text=True)
+    assert again.returncode == 2 and "target_runs exists" in again.stderr
+    # a part that fails is logged, the others run, and the script says so in its exit status
+    env["MAPPO"] = f"{sys.executable} -m mappo.cli --no-such-option"
+    broken = subprocess.run(
+        ["bash", str(SUITE), str(tmp_path / "broken"), "paper"], env=env, capture_output=True
+    )
+    log = (tmp_path / "broken" / "log.txt").read_text()
+    assert broken.returncode == 1 and "end paper_compile_off: rc=2" in log
+    assert "end paper_compile_on: rc=2" in log and "some parts failed" in log

@@ -101,6 +101,10 @@ def test_time_to_a_target_is_judged_by_the_mean_of_consecutive_evaluations(tmp_p
     steps = np.array([1.0, 2.0])
     assert first_reach(steps, steps, np.array([5.0, 5.0]), 0.0, 3) is None  # too few
     assert first_reach(steps, steps * 10, np.array([-1.0, 5.0]), 2.0, 2) == (2.0, 20.0)
+    for level in (0.1, 0.7, 0.9, -50.3, -100.5):  # a mean equal to the level reaches it
+        for window in (1, 2, 3, 5):
+            flat = np.full(5, level)
+            assert first_reach(flat, flat, flat, level, window) is not None, (level, window)
     assert main(["report", str(tmp_path), "--target", "-120"]) == 0
     out = capsys.readouterr().out
     assert "| reached -120 (mean of 3) | env steps to it (median) | wall to it" in out
@@ -113,9 +117,17 @@ def test_time_to_a_target_is_judged_by_the_mean_of_consecutive_evaluations(tmp_p
     assert main(["report", str(tmp_path), "--target", "-120", "--window", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "mappo: error: --window must be at least 1 evaluation, not 0"
-    # a table without a target has no such columns
+    assert main(["report", str(tmp_path), "--window", "2"]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == "mappo: error: --window needs --target (the level it judges)"
+    )
+    # a table without a target has no such columns, and its JSON no figures for them
     assert main(["report", str(tmp_path)]) == 0
     assert "reached" not in capsys.readouterr().out
+    assert main(["report", str(tmp_path), "--format", "json"]) == 0
+    plain = json.loads(capsys.readouterr().out)[0]
+    assert plain["reached"] is plain["target"] is plain["target_window"] is None
 
 
 def test_configurations_differing_in_an_env_keyword_are_labelled_by_it(tmp_path):

@@ -345,7 +345,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     from mappo.experiments.report import FORMATS, marl_eval, report_rows
 
     configs, _ = _results(args)
-    rows = report_rows(configs, args.metric, target=args.target, window=args.window)
+    if args.window is not None and args.target is None:
+        raise ResultsError("--window needs --target (the level it judges)")
+    window = 3 if args.window is None else args.window
+    rows = report_rows(configs, args.metric, target=args.target, window=window)
     table = FORMATS[args.format](rows)
     if args.marl_eval:  # written first: an unwritable path fails before anything is printed
         args.marl_eval.write_text(json.dumps(marl_eval(configs, args.metric), indent=2))
@@ -467,7 +470,6 @@ def build_parser() -> argparse.ArgumentParser:
             q.add_argument(
                 "--window",
                 type=int,
-                default=3,
                 help="evaluations averaged for --target (default 3)",
             )
             q.set_defaults(func=cmd_report)

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -99,18 +100,21 @@ def build(
         pass
     if hasattr(os, "getuid"):
         folders.append(Path(tempfile.gettempdir()) / f"mappo-{os.getuid()}")
-    # a build this compiler refused is remembered beside the libraries, so that callers that
-    # try flags best first (an option clang lacks, -fopenmp without OpenMP) do not pay the
-    # failed compile again in every process; the compiler's own file is part of the marker's
-    # name, so a changed or upgraded compiler tries afresh
-    refused = f"{name[:-3]}-{_compiler_stamp(command[0])}.failed"
+    # A build the compiler refused is remembered beside the libraries for a day, so that
+    # callers that try flags best first (an option clang lacks, -fopenmp without OpenMP) do not
+    # pay the failed compile again in every process. The compiler's files (every word of $CC
+    # that names a program: ccache and the compiler behind it) are part of the marker's name,
+    # so a changed or upgraded compiler tries afresh; what else a build needs (an OpenMP
+    # runtime installed later) is tried again once the marker has expired.
+    refused = f"{name[:-3]}-{_compiler_stamp(command)}.failed"
     if not rebuild:
         for folder in folders:
             if (folder / name).exists() and trusted(folder):
                 return folder / name
-            if (folder / refused).exists() and trusted(folder):
-                why = (folder / refused).read_text(errors="replace").strip()
-                raise RuntimeError(f"{why} (remembered; delete {folder / refused} to retry)")
+            marker = folder / refused
+            if marker.exists() and trusted(folder) and _fresh(marker):
+                why = marker.read_text(errors="replace").strip()
+                raise RuntimeError(f"{why} (remembered for a day; delete {marker} to retry)")
     for folder in folders:
         try:
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -136,26 +140,55 @@ def build(
         )
         if done.returncode != 0:
             why = f"{command[0]} failed: {done.stderr.strip()[:500]}"
-            try:
-                (folder / refused).write_text(why)
-            except OSError:  # not remembered: the next process tries again
-                pass
+            if done.returncode > 0:  # refused; not a compiler killed by a signal
+                _remember(folder / refused, why)
             raise RuntimeError(why)
         os.replace(partial, target)
+        (folder / refused).unlink(missing_ok=True)
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
     return target
 
 
-def _compiler_stamp(program: str) -> str:
-    """A short hash of the compiler's resolved file, its size and modification time."""
-    found = shutil.which(program)
-    if found is None:
-        return "none"
-    real = os.path.realpath(found)
-    info = os.stat(real)
-    return hashlib.sha256(f"{real} {info.st_size} {info.st_mtime_ns}".encode()).hexdigest()[:8]
+REFUSED_SECONDS = 24 * 3600
+"""How long a refused build is remembered (:func:`build`)."""
+
+
+def _compiler_stamp(command: list[str]) -> str:
+    """A short hash of the files of the words of ``command`` that name programs (resolved
+    links), with their sizes and modification times."""
+    parts = []
+    for word in command:
+        found = shutil.which(word)
+        if found is not None:
+            info = os.stat(found)  # follows links: the file itself
+            parts.append(f"{os.path.realpath(found)} {info.st_size} {info.st_mtime_ns}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:8]
+
+
+def _fresh(marker: Path) -> bool:
+    """Whether a refused build's marker is younger than :data:`REFUSED_SECONDS`."""
+    try:
+        return time.time() - marker.stat().st_mtime < REFUSED_SECONDS
+    except OSError:
+        return False
+
+
+def _remember(marker: Path, why: str) -> None:
+    """Write a refused build's reason to ``marker`` (whole or not at all: written beside it and
+    renamed); a folder that cannot take it leaves the next process to try again."""
+    partial = None
+    try:
+        fd, partial = tempfile.mkstemp(dir=marker.parent, suffix=".failed.partial")
+        with os.fdopen(fd, "w") as f:
+            f.write(why)
+        os.replace(partial, marker)
+    except OSError:
+        pass
+    finally:
+        if partial is not None and os.path.exists(partial):
+            os.unlink(partial)
 
 
 def trusted(folder: Path) -> bool:

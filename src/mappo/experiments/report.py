@@ -66,10 +66,12 @@ class ReportRow:
     paper_source: str
     target: float = math.nan
     """The level asked for (``nan``: none)."""
-    target_window: int = 0
-    """How many consecutive evaluations the level is judged on (their mean)."""
-    reached: int = 0
-    """Seeds whose mean of ``target_window`` consecutive evaluations reached ``target``."""
+    target_window: int | None = None
+    """How many consecutive evaluations the level is judged on (their mean; ``None``: no
+    target)."""
+    reached: int | None = None
+    """Seeds whose mean of ``target_window`` consecutive evaluations reached ``target``
+    (``None``: no target)."""
     target_steps: float = math.nan
     """Env steps at the first such evaluation: the median over the seeds that reached it."""
     target_seconds: float = math.nan
@@ -88,8 +90,9 @@ def first_reach(
         raise ValueError("the window must be at least one evaluation")
     if len(values) < window:
         return None
-    means = np.convolve(values, np.ones(window) / window, mode="valid")  # [k - window + 1]
-    hits = np.flatnonzero(means >= target)
+    sums = np.convolve(values, np.ones(window), mode="valid")  # [k - window + 1]
+    # the mean equal to the level counts, whatever the last bit of the sum's rounding
+    hits = np.flatnonzero(sums / window >= target - 1e-9 * max(1.0, abs(target)))
     if not len(hits):
         return None
     i = int(hits[0]) + window - 1
@@ -148,8 +151,8 @@ def report_rows(
                 paper=paper,
                 paper_source=source,
                 target=math.nan if target is None else float(target),
-                target_window=window if target is not None else 0,
-                reached=len(reached),
+                target_window=window if target is not None else None,
+                reached=len(reached) if target is not None else None,
                 target_steps=_median([s for s, _ in reached]),
                 target_seconds=_median([t for _, t in reached]),
                 target_seconds_max=max((t for _, t in reached), default=math.nan),
