@@ -55,24 +55,28 @@ class EpisodeTracker:
     def record(self, step: EnvStep, active: Tensor | None = None) -> None:
         """Add a step's rewards; count the episodes it ended. ``active [E]`` bool, when given,
         limits both to the envs whose episode is being recorded."""
+        # In-place methods, not ``+=``: ``self.x += y`` also stores the attribute again, which a
+        # compiled rollout then returns from its graph for torch to rebuild as an alias of its
+        # input after every call (eight such outputs per call of the rollout block; the
+        # rollout at JaxMARL's feed-forward settings 1.06x faster without them).
         rewards = torch.cat([r for r in step.reward.values()], dim=1)  # [E, all agents]
         if active is None:
-            self.returns += rewards.mean(1)
-            self.lengths += 1
+            self.returns.add_(rewards.mean(1))
+            self.lengths.add_(1)
             done = step.done.to(self.returns.dtype)
         else:
             live = active.to(self.returns.dtype)
-            self.returns += rewards.mean(1) * live
-            self.lengths += live
+            self.returns.add_(rewards.mean(1) * live)
+            self.lengths.add_(live)
             done = (step.done & active).to(self.returns.dtype)
-        self.finished += done.sum()
-        self.return_sum += (self.returns * done).sum()
-        self.length_sum += (self.lengths * done).sum()
+        self.finished.add_(done.sum())
+        self.return_sum.add_((self.returns * done).sum())
+        self.length_sum.add_((self.lengths * done).sum())
         for name, value in step.stats.items():
             if name in self.stat_sums:
-                self.stat_sums[name] += (value * done).sum()
-        self.returns *= 1.0 - done
-        self.lengths *= 1.0 - done
+                self.stat_sums[name].add_((value * done).sum())
+        self.returns.mul_(1.0 - done)
+        self.lengths.mul_(1.0 - done)
 
     def read(self) -> dict[str, float]:
         """Means over the episodes finished since the last read (empty if none); resets sums."""

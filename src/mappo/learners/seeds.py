@@ -266,18 +266,20 @@ class BlockTracker:
     def record(self, step: EnvStep) -> None:
         """Add a step's rewards; add the episodes it ended to their seed's sums."""
         t, N = self.t, self.seeds
+        # in-place methods, not ``+=``, as in EpisodeTracker.record (no attribute stores for a
+        # compiled rollout to return)
         rewards = torch.cat([r for r in step.reward.values()], dim=1)
-        t.returns += rewards.mean(1)
-        t.lengths += 1
+        t.returns.add_(rewards.mean(1))
+        t.lengths.add_(1)
         done = step.done.to(t.returns.dtype)
-        t.finished += done.view(N, -1).sum(1)
-        t.return_sum += (t.returns * done).view(N, -1).sum(1)
-        t.length_sum += (t.lengths * done).view(N, -1).sum(1)
+        t.finished.add_(done.view(N, -1).sum(1))
+        t.return_sum.add_((t.returns * done).view(N, -1).sum(1))
+        t.length_sum.add_((t.lengths * done).view(N, -1).sum(1))
         for name, value in step.stats.items():
             if name in t.stat_sums:
-                t.stat_sums[name] += (value * done).view(N, -1).sum(1)
-        t.returns *= 1.0 - done
-        t.lengths *= 1.0 - done
+                t.stat_sums[name].add_((value * done).view(N, -1).sum(1))
+        t.returns.mul_(1.0 - done)
+        t.lengths.mul_(1.0 - done)
 
     def seed(self, k: int, rows: slice) -> EpisodeTracker:
         """Seed ``k``'s tracker (``rows`` of the per-env fields): views, so that its ``read``
