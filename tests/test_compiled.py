@@ -851,3 +851,77 @@ def test_the_whole_gradient_step_is_one_graph_for_feed_forward_networks_on_cpu_a
         assert compiles_gradient_step(torch.device(dev), recurrent=False)
         assert not compiles_gradient_step(torch.device(dev), recurrent=True)
     assert not compiles_gradient_step(torch.device("mps"), recurrent=False)
+
+
+def _shifted(x: torch.Tensor, shift: float, flag: bool) -> torch.Tensor:
+    return x * 2.0 + (shift if flag else -shift)
+
+
+def test_direct_calls_skip_torchs_guards_once_a_kind_of_call_is_compiled(monkeypatch):
+    """``compile_fn(..., direct=key)``: the first call of each kind (the key's value) goes
+    through torch's guarded call, later ones call the graph directly and give the same results;
+    a new kind compiles its own graph. A change the key misses (``shift``, a constant in the
+    graph) fails the guard check: an error where every call is checked (the tests' setting),
+    otherwise a warning at the next periodic check, after which the calls are guarded again and
+    right."""
+    from mappo import compiled as compiled_mod
+
+    fn = compile_fn(_shifted, direct=lambda x, shift, flag: (x.shape, flag))
+    assert isinstance(fn, compiled_mod.DirectCalls)
+    guarded = fn.compiled
+    through_torch = []
+
+    def counted(*args, **kwargs):
+        through_torch.append(args[0].shape)
+        return guarded(*args, **kwargs)
+
+    fn.compiled = counted
+    a, b = torch.arange(4.0), torch.arange(6.0)
+    for x, flag in [(a, True), (a, True), (b, True), (a, False), (b, True), (a, False)]:
+        assert torch.equal(fn(x, 1.5, flag), _shifted(x, 1.5, flag))
+    assert through_torch == [(4,), (6,), (4,)]  # once per kind
+    assert len(fn.kinds) == 3
+
+    monkeypatch.setattr(compiled_mod, "GUARD_CHECK_EVERY", 1)
+    with pytest.raises(RuntimeError, match="compiled _shifted: torch's guard .* failed"):
+        fn(a, 2.5, True)
+
+    monkeypatch.setattr(compiled_mod, "GUARD_CHECK_EVERY", 3)
+    fn.calls = 0
+    with pytest.warns(RuntimeWarning, match="guarded from here on"):
+        for _ in range(3):
+            fn(a, 2.5, True)
+    assert fn.guarded
+    assert torch.equal(fn(a, 2.5, True), _shifted(a, 2.5, True))
+
+
+def test_a_compiled_trainer_calls_its_cpu_graphs_directly():
+    """At JaxMARL's feed-forward settings on the CPU the rollout block, the critics' values and
+    the gradient step are called without torch's guards after their first call (this test run
+    checks the guards before every call anyway, and would fail if a key missed a change). The
+    rollout block has two kinds of call: the first acts on the env's reset, which has no final
+    observations."""
+    from mappo.compiled import DirectCalls
+
+    if SMALL["device"] != "cpu":
+        pytest.skip("the direct calls are compiled for the CPU graphs")
+    over = {**SMALL, "total_env_steps": 2_000_000, "algo.num_minibatches": 4}
+    trainer = Trainer(config_mod.load("mpe/simple_spread_jaxmarl_ff", {**over, "compile": "on"}))
+    for _ in range(3):
+        trainer.iterate()
+    learner = trainer.learner
+    fns = {
+        "block": learner.collector.block_fn,
+        "values": learner.collector.values_fn,
+        "gradient": learner.step_fn,
+    }
+    assert all(isinstance(f, DirectCalls) for f in fns.values())
+    assert {name: len(f.kinds) for name, f in fns.items()} == {
+        "block": 2,
+        "values": 1,
+        "gradient": 1,
+    }
+    # Direct calls in 3 iterations: 2 blocks a rollout, 2 epochs of 4 mini-batches, less the
+    # first call of each kind
+    assert fns["block"].calls == 3 * 2 - 2 and fns["gradient"].calls == 3 * 8 - 1
+    trainer.close()

@@ -52,6 +52,14 @@ in the other (the parameters and the optimisers' state are the same tensors). Co
 are cached on disk by torch (inductor's cache), so a second run of the same preset compiles in
 seconds.
 
+The graphs the rollout and the feed-forward update call many times an iteration (the policy
+and env steps, the rollout block, the critics' values, the gradient step) are called without
+torch's per-call guard check once a kind of call has been compiled (:class:`DirectCalls`, with
+a key per function naming what changes between its calls: a mini-batch's size, whether a step
+has final observations). The guards' walk over the networks and the env cost 270-370 us per
+call; at JaxMARL's feed-forward Spread settings iterations ran 1.13x faster without it (one
+process alternating, BENCHMARKS.md).
+
 On CUDA the policy step and the recurrent loss are also replayed as CUDA graphs
 (``mode="reduce-overhead"``): one launch for a whole graph instead of one per kernel, which is
 where a small network's time goes on a GPU. The graphs that mutate state in place (the fused
@@ -71,9 +79,11 @@ runs); CI has no GPU.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import os
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -201,6 +211,7 @@ def compile_fn(
     eager: Callable[..., Any] | None = None,
     mutates: bool = False,
     cpp_wrapper: bool = False,
+    direct: Callable[..., Hashable] | None = None,
 ) -> Callable[..., Any]:
     """``fn`` compiled as one static-shape graph (``fullgraph``), replayed as a CUDA graph when
     ``cuda_graphs`` (for functions whose tensors live on a CUDA device). With ``fallback``
@@ -212,6 +223,9 @@ def compile_fn(
     them, and running ``fn`` again would apply the step twice, so it is raised.
     ``cpp_wrapper``: the graph's calls of its kernels in C++ (:data:`WRAPPER_OPTIONS`), for
     graphs on the CPU that run many times an iteration; not with ``cuda_graphs``.
+    ``direct``: a function of ``fn``'s arguments that tells its kinds of call apart; once
+    compiled for a kind, the graph is called without torch's per-call guard check
+    (:class:`DirectCalls`); not with ``cuda_graphs``.
 
     Each call compiles a fresh copy of ``fn`` (a new code object): torch keeps its compiled
     graphs per code object and refuses after a few recompilations, which would otherwise come
@@ -236,6 +250,8 @@ def compile_fn(
     if not cuda_graphs:
         options = {**CPU_OPTIONS, **(WRAPPER_OPTIONS if cpp_wrapper else {})}
         compiled = torch.compile(fresh, fullgraph=True, dynamic=False, options=_known(options))
+        if direct is not None:
+            compiled = DirectCalls(compiled, fresh, direct)
     else:
         graph = torch.compile(fresh, fullgraph=True, dynamic=False, mode="reduce-overhead")
 
@@ -246,6 +262,138 @@ def compile_fn(
             return _copy_out(graph(*args, **kwargs))
 
     return _with_fallback(compiled, eager or fn, fn.__name__, mutates) if fallback else compiled
+
+
+GUARD_CHECK_EVERY = int(os.environ.get("MAPPO_GUARD_CHECK_EVERY", "64"))
+"""How often a :class:`DirectCalls` function checks torch's guards on a kind of call it has
+already checked: on every ``GUARD_CHECK_EVERY``-th call (1: on every call, where a failed check
+is an error; the tests run so, through the environment variable ``MAPPO_GUARD_CHECK_EVERY``)."""
+
+MAX_CALL_KINDS = 64
+"""Kinds of call a :class:`DirectCalls` function remembers before it forgets them all (so that
+a key that names short-lived objects cannot pile them up)."""
+
+
+class DirectCalls:
+    """A compiled function whose graph, once torch has compiled it for a kind of call, is called
+    without torch's per-call guard check.
+
+    Before each call of a compiled function torch checks its guards: that the arguments still
+    look as they did when the graph was traced (every tensor's shape and strides, the modules'
+    structure and hooks, the Python values the trace read, such as an env's sizes and a flag).
+    For the rollout block and the gradient step at JaxMARL's feed-forward Spread settings the
+    check walks about 500 guards, which took 270-370 us per call in the training loop (11-14% of
+    an iteration; BENCHMARKS.md), where the objects it reads have left the caches. Within one
+    trainer nearly all of that is fixed from the first call on: the networks, the env and the
+    hyperparameters do not change, and the tensors passed in keep their shapes.
+
+    So the caller names what does change, as a function ``key`` of the call's arguments (a
+    mini-batch's size, whether a step has final observations; a few microseconds, where walking
+    the arguments' tensors in Python cost a third of the guards). A key seen for the first time
+    goes through torch's compiled function, which checks the guards and compiles a new graph if
+    none fits; the graph that served it is then called directly for that key: the transformed
+    function that torch's cache entry holds, which moves the inputs into the graph and replays
+    its side effects, without the eval-frame hook and the guards. Whatever the key leaves out
+    must stay as it was for the function's life. That is checked: every
+    :data:`GUARD_CHECK_EVERY`-th call of a key checks torch's guards anyway, and should they
+    fail a warning names the guard and the function goes back to torch's guarded calls for the
+    rest of the run; the tests check before every call and fail on such a miss. (A tensor whose
+    shape or strides changed would also stop at the size checks of inductor's generated code.)
+
+    Torch keeps its cache entries through ``torch._C._dynamo.eval_frame``; where this torch
+    does not expose them the calls stay guarded."""
+
+    def __init__(
+        self, compiled: Callable[..., Any], fn: types.FunctionType, key: Callable[..., Hashable]
+    ) -> None:
+        self.compiled = compiled
+        self.fn = fn
+        self.key = key
+        self.signature = inspect.signature(fn)
+        self.kinds: dict[Hashable, tuple[Callable[..., Any], Any]] = {}
+        self.calls = 0
+        self.guarded = _cache_entries(fn) is None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.guarded:
+            return self.compiled(*args, **kwargs)
+        key = (torch.is_grad_enabled(), self.key(*args, **kwargs))
+        known = self.kinds.get(key)
+        if known is None:
+            return self._first(key, args, kwargs)
+        call, guards = known
+        self.calls += 1
+        if self.calls % GUARD_CHECK_EVERY and GUARD_CHECK_EVERY > 1:
+            return call(*args, **kwargs)
+        f_locals = self._locals(args, kwargs)
+        if guards.check(f_locals):
+            return call(*args, **kwargs)
+        failed = guards.check_verbose(f_locals).verbose_code_parts
+        message = (
+            f"compiled {self.fn.__name__}: torch's guard {failed} failed for a kind of call "
+            "that had passed it (the call key misses what changed)"
+        )
+        if GUARD_CHECK_EVERY == 1:
+            raise RuntimeError(message)
+        warnings.warn(
+            f"{message}; its calls are guarded from here on (please report this)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        self.guarded = True
+        return self.compiled(*args, **kwargs)
+
+    def _first(self, key: Hashable, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A call of a new kind: through torch's guarded call, remembering the graph that served
+        it. The guards are checked before the call, as torch checks them: a graph that updates
+        its inputs in place changes what they read."""
+        f_locals = self._locals(args, kwargs)
+        entries = _cache_entries(self.fn) or []
+        for entry in entries:
+            if entry.guard_manager.check(f_locals):
+                self._remember(key, entry)
+                return self.kinds[key][0](*args, **kwargs)
+        seen = {id(entry.code) for entry in entries}
+        out = self.compiled(*args, **kwargs)
+        new = [e for e in _cache_entries(self.fn) or [] if id(e.code) not in seen]
+        if len(new) == 1:  # compiled for this call; otherwise the next call of the key looks
+            self._remember(key, new[0])
+        return out
+
+    def _remember(self, key: Hashable, entry: Any) -> None:
+        if len(self.kinds) >= MAX_CALL_KINDS:
+            self.kinds.clear()
+        fn = self.fn
+        call = types.FunctionType(
+            entry.code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+        )
+        call.__kwdefaults__ = fn.__kwdefaults__
+        self.kinds[key] = (call, entry.guard_manager)
+
+    def _locals(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The frame's locals on entry that torch's guards read: the bound arguments with their
+        defaults, and the closure's cells."""
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        f_locals = dict(bound.arguments)
+        if self.fn.__closure__:
+            names = self.fn.__code__.co_freevars
+            f_locals.update(
+                (n, c.cell_contents) for n, c in zip(names, self.fn.__closure__, strict=True)
+            )
+        return f_locals
+
+
+def _cache_entries(fn: types.FunctionType) -> list[Any] | None:
+    """Torch's compiled variants of ``fn`` (its cache entries, most recent first), or ``None``
+    where this torch does not expose them with their code and guards."""
+    get = getattr(torch._C._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
+    if get is None:
+        return None
+    entries = get(fn.__code__)
+    if any(not hasattr(e, "code") or not hasattr(e, "guard_manager") for e in entries):
+        return None
+    return entries
 
 
 def _with_fallback(

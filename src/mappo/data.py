@@ -397,3 +397,14 @@ class EpisodeBatch:
     def ends(self) -> Tensor:
         """``[L+1, B]`` bool: the episode ends after step t."""
         return self.terminated | self.truncated
+
+
+def field_layout(x: Any) -> tuple[Any, ...]:
+    """The fields of dataclass instance ``x`` as a compiled function's call key sees them
+    (:class:`mappo.compiled.DirectCalls`): a dict by its keys, ``None`` as ``None``, anything
+    else by its type. An :class:`EnvStep` after ``reset`` has no final observations, after
+    ``step`` it has: two kinds of call of a compiled rollout step."""
+    return tuple(
+        tuple(v) if type(v) is dict else (None if v is None else type(v))
+        for v in x.__dict__.values()
+    )

@@ -7,7 +7,7 @@ per-env flags. Everything stays on the env's device; nothing is copied to the ho
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -20,6 +20,7 @@ from mappo.data import (
     GroupBuffer,
     Rollout,
     check_bytes,
+    field_layout,
     step_from_dict,
     step_to_dict,
 )
@@ -345,6 +346,35 @@ def _write_row(row: dict[str, Any], out: dict[str, Any], k: int) -> dict[str, An
         else:
             left[key] = value
     return left
+
+
+def policy_step_key(policy: ActorCritic, step: EnvStep, *rest: Any) -> Hashable:
+    """What tells the compiled calls of :func:`policy_step` apart
+    (:class:`mappo.compiled.DirectCalls`): the layout of the env step acted on (with or without
+    final observations, the groups with masks). Everything else it reads is the same on every
+    call of a trainer: its networks and the shapes of the states and the noise."""
+    return field_layout(step)
+
+
+def fused_step_key(
+    policy: ActorCritic, env_step: Callable[[dict[str, Tensor]], EnvStep], step: EnvStep, *rest: Any
+) -> Hashable:
+    """What tells the compiled calls of :func:`fused_step` and :func:`fused_steps` apart: as
+    :func:`policy_step_key` (the env, whose steps are traced, is the trainer's own on every
+    call, and so are the block's flags)."""
+    return field_layout(step)
+
+
+def values_key(
+    policy: ActorCritic,
+    groups: dict[str, GroupBuffer],
+    step: EnvStep,
+    critic_states: dict[str, Tensor],
+    finals: dict[str, Tensor],
+) -> Hashable:
+    """What tells the compiled calls of :func:`rollout_values` apart: the groups valued, those
+    with final observations and the layout of the last env step."""
+    return tuple(groups), tuple(finals), field_layout(step)
 
 
 @dataclass

@@ -13,7 +13,7 @@ length (1 for feed-forward networks), ``M`` chunks (samples) of the update.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -23,7 +23,7 @@ from torch import Tensor
 
 from mappo.algos.returns import gae, next_values, td_lambda
 from mappo.config import AlgoConfig
-from mappo.data import Rollout
+from mappo.data import Rollout, field_layout
 from mappo.nn.actor_critic import ActorCritic
 from mappo.nn.layers import traced
 
@@ -366,6 +366,15 @@ class AdamSlots:
             lrs,
             optimizers,
         )
+
+
+def gradient_step_key(loss: LossModule, slots: AdamSlots, batch: Samples, *hyper: Any) -> Hashable:
+    """What tells the compiled calls of :func:`gradient_step` apart
+    (:class:`mappo.compiled.DirectCalls`): the mini-batch's size and layout (a shorter last
+    mini-batch, padding, injected recurrent states) and the optimiser's constants. The networks
+    and Adam's state are the same tensors on every call of a trainer."""
+    groups = tuple((name, field_layout(g)) for name, g in batch.groups.items())
+    return batch.starts.shape, batch.padded, groups, hyper
 
 
 def gradient_step(

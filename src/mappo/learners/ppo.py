@@ -16,6 +16,7 @@ from mappo.algos.mappo import (
     Optimizers,
     eager_gradient_step,
     gradient_step,
+    gradient_step_key,
     loss_terms,
     make_samples,
     update,
@@ -39,9 +40,12 @@ from mappo.rollout import (
     EpisodeTracker,
     allocate,
     fused_step,
+    fused_step_key,
     fused_steps,
     policy_step,
+    policy_step_key,
     rollout_values,
+    values_key,
 )
 
 
@@ -78,10 +82,12 @@ def fuse_env_steps(
     if not (traces(env) and fuses_env_step(env.device, recurrent)):
         return
     fallback, cpu = cfg.compile == "auto", env.device.type == "cpu"
-    collector.fused_fn = compile_fn(fused_step, fallback=fallback, mutates=True, cpp_wrapper=cpu)
+    collector.fused_fn = compile_fn(
+        fused_step, fallback=fallback, mutates=True, cpp_wrapper=cpu, direct=fused_step_key
+    )
     if not recurrent and cfg.total_env_steps // envs_per_run >= BLOCK_MIN_ROLLOUT_STEPS:
         collector.block_fn = compile_fn(
-            fused_steps, fallback=fallback, mutates=True, cpp_wrapper=cpu
+            fused_steps, fallback=fallback, mutates=True, cpp_wrapper=cpu, direct=fused_step_key
         )
         collector.block = ROLLOUT_BLOCK
 
@@ -125,14 +131,16 @@ class PPOLearner:
             graphs = self.device.type == "cuda"
             cpu = self.device.type == "cpu"
             fallback = cfg.compile == "auto"
-            self.collector.step_fn = compile_fn(policy_step, graphs, fallback, cpp_wrapper=cpu)
+            self.collector.step_fn = compile_fn(
+                policy_step, graphs, fallback, cpp_wrapper=cpu, direct=policy_step_key
+            )
             fuse_env_steps(self.collector, env, cfg, self.recurrent, env.num_envs)
             if cpu:
                 # The feed-forward critics' values after each rollout, one graph. With C++
                 # calls of its kernels like the other CPU graphs: its kernels then share their
                 # precompiled header (about 8 s of a cold compile for each kind).
                 self.collector.values_fn = compile_fn(
-                    rollout_values, fallback=fallback, cpp_wrapper=True
+                    rollout_values, fallback=fallback, cpp_wrapper=True, direct=values_key
                 )
             if compiles_gradient_step(self.device, self.recurrent):
                 # The whole gradient step (loss, gradients, clipping, Adam) as one graph.
@@ -142,6 +150,7 @@ class PPOLearner:
                     eager=eager_gradient_step,
                     mutates=True,
                     cpp_wrapper=cpu,
+                    direct=gradient_step_key,
                 )
             elif not self.recurrent or cfg.algo.data_chunk_length <= MAX_COMPILED_CHUNK:
                 self.terms_fn = compile_fn(loss_terms, graphs, fallback)
