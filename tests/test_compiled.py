@@ -882,17 +882,21 @@ def test_direct_calls_skip_torchs_guards_once_a_kind_of_call_is_compiled(monkeyp
     assert through_torch == [(4,), (6,), (4,)]  # once per kind
     assert len(fn.kinds) == 3
 
-    monkeypatch.setattr(compiled_mod, "GUARD_CHECK_EVERY", 1)
+    fn.check_every = 1
     with pytest.raises(RuntimeError, match="compiled _shifted: torch's guard .* failed"):
         fn(a, 2.5, True)
 
-    monkeypatch.setattr(compiled_mod, "GUARD_CHECK_EVERY", 3)
-    fn.calls = 0
+    fn.check_every, fn.calls = 3, 0
     with pytest.warns(RuntimeWarning, match="guarded from here on"):
         for _ in range(3):
             fn(a, 2.5, True)
     assert fn.guarded
     assert torch.equal(fn(a, 2.5, True), _shifted(a, 2.5, True))
+
+    for bad in ("0", "often"):
+        monkeypatch.setenv("MAPPO_GUARD_CHECK_EVERY", bad)
+        with pytest.raises(ConfigError, match=f"MAPPO_GUARD_CHECK_EVERY='{bad}' is not a positive"):
+            compile_fn(_shifted, direct=lambda x, shift, flag: flag)
 
 
 def test_a_compiled_trainer_calls_its_cpu_graphs_directly():

@@ -264,10 +264,30 @@ def compile_fn(
     return _with_fallback(compiled, eager or fn, fn.__name__, mutates) if fallback else compiled
 
 
-GUARD_CHECK_EVERY = int(os.environ.get("MAPPO_GUARD_CHECK_EVERY", "64"))
+GUARD_CHECK_EVERY = 64
 """How often a :class:`DirectCalls` function checks torch's guards on a kind of call it has
-already checked: on every ``GUARD_CHECK_EVERY``-th call (1: on every call, where a failed check
-is an error; the tests run so, through the environment variable ``MAPPO_GUARD_CHECK_EVERY``)."""
+already checked: on every ``GUARD_CHECK_EVERY``-th call. The environment variable
+``MAPPO_GUARD_CHECK_EVERY`` overrides it (1: on every call, where a failed check is an error;
+the tests run so)."""
+
+
+def guard_check_every() -> int:
+    """:data:`GUARD_CHECK_EVERY`, or ``$MAPPO_GUARD_CHECK_EVERY`` where set; a value that is not
+    a positive whole number is a :class:`~mappo.config.ConfigError`."""
+    raw = os.environ.get("MAPPO_GUARD_CHECK_EVERY")
+    if raw is None:
+        return GUARD_CHECK_EVERY
+    try:
+        every = int(raw)
+    except ValueError:
+        every = 0
+    if every < 1:
+        raise ConfigError(
+            f"MAPPO_GUARD_CHECK_EVERY={raw!r} is not a positive whole number (unset it for "
+            f"every {GUARD_CHECK_EVERY}th call, or 1 to check torch's guards on every call)"
+        )
+    return every
+
 
 MAX_CALL_KINDS = 64
 """Kinds of call a :class:`DirectCalls` function remembers before it forgets them all (so that
@@ -295,7 +315,7 @@ class DirectCalls:
     function that torch's cache entry holds, which moves the inputs into the graph and replays
     its side effects, without the eval-frame hook and the guards. Whatever the key leaves out
     must stay as it was for the function's life. That is checked: every
-    :data:`GUARD_CHECK_EVERY`-th call of a key checks torch's guards anyway, and should they
+    :data:`GUARD_CHECK_EVERY`-th call checks torch's guards anyway, and should they
     fail a warning names the guard and the function goes back to torch's guarded calls for the
     rest of the run; the tests check before every call and fail on such a miss. (A tensor whose
     shape or strides changed would also stop at the size checks of inductor's generated code.)
@@ -312,6 +332,7 @@ class DirectCalls:
         self.signature = inspect.signature(fn)
         self.kinds: dict[Hashable, tuple[Callable[..., Any], Any]] = {}
         self.calls = 0
+        self.check_every = guard_check_every()
         self.guarded = _cache_entries(fn) is None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -323,7 +344,7 @@ class DirectCalls:
             return self._first(key, args, kwargs)
         call, guards = known
         self.calls += 1
-        if self.calls % GUARD_CHECK_EVERY and GUARD_CHECK_EVERY > 1:
+        if self.calls % self.check_every:
             return call(*args, **kwargs)
         f_locals = self._locals(args, kwargs)
         if guards.check(f_locals):
@@ -333,7 +354,7 @@ class DirectCalls:
             f"compiled {self.fn.__name__}: torch's guard {failed} failed for a kind of call "
             "that had passed it (the call key misses what changed)"
         )
-        if GUARD_CHECK_EVERY == 1:
+        if self.check_every == 1:
             raise RuntimeError(message)
         warnings.warn(
             f"{message}; its calls are guarded from here on (please report this)",
