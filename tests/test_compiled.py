@@ -863,7 +863,8 @@ def test_direct_calls_skip_torchs_guards_once_a_kind_of_call_is_compiled(monkeyp
     a new kind compiles its own graph. A change the key misses (``shift``, a constant in the
     graph) fails the guard check: an error where every call is checked (the tests' setting),
     otherwise a warning at the next periodic check, after which the calls are guarded again and
-    right."""
+    right. Under ``compile=auto`` such a miss is raised as it is, not taken for a failure to
+    compile."""
     from mappo import compiled as compiled_mod
 
     fn = compile_fn(_shifted, direct=lambda x, shift, flag: (x.shape, flag))
@@ -883,16 +884,22 @@ def test_direct_calls_skip_torchs_guards_once_a_kind_of_call_is_compiled(monkeyp
     assert len(fn.kinds) == 3
 
     fn.check_every = 1
-    with pytest.raises(RuntimeError, match="compiled _shifted: torch's guard .* failed"):
+    with pytest.raises(compiled_mod.GuardCheckFailed, match="compiled _shifted: torch's guard"):
         fn(a, 2.5, True)
 
-    fn.check_every, fn.calls = 3, 0
+    fn.check_every = 3  # the kind's third direct call is checked, two calls on
     with pytest.warns(RuntimeWarning, match="guarded from here on"):
         for _ in range(3):
             fn(a, 2.5, True)
     assert fn.guarded
     assert torch.equal(fn(a, 2.5, True), _shifted(a, 2.5, True))
 
+    monkeypatch.setenv("MAPPO_GUARD_CHECK_EVERY", "1")
+    auto = compile_fn(_shifted, fallback=True, direct=lambda x, shift, flag: flag)
+    for _ in range(2):  # through torch, then directly
+        assert torch.equal(auto(a, 1.5, True), _shifted(a, 1.5, True))
+    with pytest.raises(compiled_mod.GuardCheckFailed):
+        auto(a, 2.5, True)
     for bad in ("0", "often"):
         monkeypatch.setenv("MAPPO_GUARD_CHECK_EVERY", bad)
         with pytest.raises(ConfigError, match=f"MAPPO_GUARD_CHECK_EVERY='{bad}' is not a positive"):

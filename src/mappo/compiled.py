@@ -290,8 +290,13 @@ def guard_check_every() -> int:
 
 
 MAX_CALL_KINDS = 64
-"""Kinds of call a :class:`DirectCalls` function remembers before it forgets them all (so that
-a key that names short-lived objects cannot pile them up)."""
+"""Kinds of call a :class:`DirectCalls` function remembers before it forgets them all: a bound
+on its memory whatever its key function returns."""
+
+
+class GuardCheckFailed(RuntimeError):
+    """A :class:`DirectCalls` function's key missed a change that torch's guards caught (raised
+    where every call is checked, as in the tests; never taken for a compile failure)."""
 
 
 class DirectCalls:
@@ -314,14 +319,16 @@ class DirectCalls:
     none fits; the graph that served it is then called directly for that key: the transformed
     function that torch's cache entry holds, which moves the inputs into the graph and replays
     its side effects, without the eval-frame hook and the guards. Whatever the key leaves out
-    must stay as it was for the function's life. That is checked: every
-    :data:`GUARD_CHECK_EVERY`-th call checks torch's guards anyway, and should they
-    fail a warning names the guard and the function goes back to torch's guarded calls for the
-    rest of the run; the tests check before every call and fail on such a miss. (A tensor whose
-    shape or strides changed would also stop at the size checks of inductor's generated code.)
+    must stay as it was for the function's life, and between checks nothing would notice if it
+    did not: a changed constant or dtype runs the old graph silently (inductor's generated code
+    checks the sizes and strides of the non-empty tensors its kernels read, nothing else). So
+    the guards are still checked on the first direct call of each kind and on every
+    :data:`GUARD_CHECK_EVERY`-th call of it after that; should they fail, a warning names the
+    guard and the function goes back to torch's guarded calls for the rest of the run. The
+    tests check before every call and fail on such a miss (:class:`GuardCheckFailed`).
 
     Torch keeps its cache entries through ``torch._C._dynamo.eval_frame``; where this torch
-    does not expose them the calls stay guarded."""
+    does not expose them with their code and guards, the calls stay guarded."""
 
     def __init__(
         self, compiled: Callable[..., Any], fn: types.FunctionType, key: Callable[..., Hashable]
@@ -330,21 +337,26 @@ class DirectCalls:
         self.fn = fn
         self.key = key
         self.signature = inspect.signature(fn)
-        self.kinds: dict[Hashable, tuple[Callable[..., Any], Any]] = {}
-        self.calls = 0
+        # key -> [the direct call, torch's guard manager for it, its direct calls so far]
+        self.kinds: dict[Hashable, list[Any]] = {}
         self.check_every = guard_check_every()
-        self.guarded = _cache_entries(fn) is None
+        self.guarded = not _exposes_cache_entries()
+
+    @property
+    def calls(self) -> int:
+        """Direct calls made so far (of the kinds still remembered)."""
+        return sum(kind[2] for kind in self.kinds.values())
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.guarded:
             return self.compiled(*args, **kwargs)
         key = (torch.is_grad_enabled(), self.key(*args, **kwargs))
-        known = self.kinds.get(key)
-        if known is None:
+        kind = self.kinds.get(key)
+        if kind is None:
             return self._first(key, args, kwargs)
-        call, guards = known
-        self.calls += 1
-        if self.calls % self.check_every:
+        call, guards, count = kind
+        kind[2] = count + 1
+        if count % self.check_every:
             return call(*args, **kwargs)
         f_locals = self._locals(args, kwargs)
         if guards.check(f_locals):
@@ -355,7 +367,7 @@ class DirectCalls:
             "that had passed it (the call key misses what changed)"
         )
         if self.check_every == 1:
-            raise RuntimeError(message)
+            raise GuardCheckFailed(message)
         warnings.warn(
             f"{message}; its calls are guarded from here on (please report this)",
             RuntimeWarning,
@@ -369,19 +381,23 @@ class DirectCalls:
         it. The guards are checked before the call, as torch checks them: a graph that updates
         its inputs in place changes what they read."""
         f_locals = self._locals(args, kwargs)
-        entries = _cache_entries(self.fn) or []
+        entries = _cache_entries(self.fn)
         for entry in entries:
             if entry.guard_manager.check(f_locals):
                 self._remember(key, entry)
                 return self.kinds[key][0](*args, **kwargs)
         seen = {id(entry.code) for entry in entries}
         out = self.compiled(*args, **kwargs)
-        new = [e for e in _cache_entries(self.fn) or [] if id(e.code) not in seen]
-        if len(new) == 1:  # compiled for this call; otherwise the next call of the key looks
+        new = [e for e in _cache_entries(self.fn) if id(e.code) not in seen]
+        # One new entry: the graph compiled for this call. None (torch stopped recompiling, or
+        # the call fell back to eager code): the next call of this kind goes through torch again.
+        if len(new) == 1:
             self._remember(key, new[0])
         return out
 
     def _remember(self, key: Hashable, entry: Any) -> None:
+        """Call ``entry``'s transformed function directly for calls of kind ``key``; its first
+        direct call checks the guards."""
         if len(self.kinds) >= MAX_CALL_KINDS:
             self.kinds.clear()
         fn = self.fn
@@ -389,7 +405,7 @@ class DirectCalls:
             entry.code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
         )
         call.__kwdefaults__ = fn.__kwdefaults__
-        self.kinds[key] = (call, entry.guard_manager)
+        self.kinds[key] = [call, entry.guard_manager, 0]
 
     def _locals(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The frame's locals on entry that torch's guards read: the bound arguments with their
@@ -405,16 +421,22 @@ class DirectCalls:
         return f_locals
 
 
-def _cache_entries(fn: types.FunctionType) -> list[Any] | None:
-    """Torch's compiled variants of ``fn`` (its cache entries, most recent first), or ``None``
-    where this torch does not expose them with their code and guards."""
-    get = getattr(torch._C._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
-    if get is None:
-        return None
-    entries = get(fn.__code__)
-    if any(not hasattr(e, "code") or not hasattr(e, "guard_manager") for e in entries):
-        return None
-    return entries
+def _exposes_cache_entries() -> bool:
+    """Whether this torch hands out a function's compiled variants with their transformed code
+    and guards (torch 2.13 does; the project allows older ones)."""
+    frame = torch._C._dynamo.eval_frame
+    entry = getattr(frame, "_CacheEntry", None)
+    return (
+        hasattr(frame, "_debug_get_cache_entry_list")
+        and entry is not None
+        and hasattr(entry, "code")
+        and hasattr(entry, "guard_manager")
+    )
+
+
+def _cache_entries(fn: types.FunctionType) -> list[Any]:
+    """Torch's compiled variants of ``fn`` (its cache entries, most recent first)."""
+    return list(torch._C._dynamo.eval_frame._debug_get_cache_entry_list(fn.__code__))
 
 
 def _with_fallback(
@@ -441,6 +463,8 @@ def _with_fallback(
             return fn(*args, **kwargs)
         try:
             return compiled(*args, **kwargs)
+        except GuardCheckFailed:
+            raise  # not a compile failure: the caller's key is wrong
         except Exception as err:
             if mutates and not isinstance(err, torch._dynamo.exc.TorchDynamoException):
                 raise RuntimeError(

@@ -361,7 +361,10 @@ def fused_step_key(
 ) -> Hashable:
     """What tells the compiled calls of :func:`fused_step` and :func:`fused_steps` apart: as
     :func:`policy_step_key` (the env, whose steps are traced, is the trainer's own on every
-    call, and so are the block's flags)."""
+    call, and so are the block's flags). The step acted on comes from the env's reset or from
+    the previous traced step; an env that hands out traced steps only some of the time would
+    mix in its eager steps' outputs, whose tensors may alias differently (the particle world,
+    the only such env, hands out every step)."""
     return field_layout(step)
 
 

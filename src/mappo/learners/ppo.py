@@ -82,12 +82,14 @@ def fuse_env_steps(
     if not (traces(env) and fuses_env_step(env.device, recurrent)):
         return
     fallback, cpu = cfg.compile == "auto", env.device.type == "cpu"
+    # Without torch's guard check on the CPU, where it was measured (mappo.compiled.DirectCalls)
+    direct = fused_step_key if cpu else None
     collector.fused_fn = compile_fn(
-        fused_step, fallback=fallback, mutates=True, cpp_wrapper=cpu, direct=fused_step_key
+        fused_step, fallback=fallback, mutates=True, cpp_wrapper=cpu, direct=direct
     )
     if not recurrent and cfg.total_env_steps // envs_per_run >= BLOCK_MIN_ROLLOUT_STEPS:
         collector.block_fn = compile_fn(
-            fused_steps, fallback=fallback, mutates=True, cpp_wrapper=cpu, direct=fused_step_key
+            fused_steps, fallback=fallback, mutates=True, cpp_wrapper=cpu, direct=direct
         )
         collector.block = ROLLOUT_BLOCK
 
@@ -132,7 +134,11 @@ class PPOLearner:
             cpu = self.device.type == "cpu"
             fallback = cfg.compile == "auto"
             self.collector.step_fn = compile_fn(
-                policy_step, graphs, fallback, cpp_wrapper=cpu, direct=policy_step_key
+                policy_step,
+                graphs,
+                fallback,
+                cpp_wrapper=cpu,
+                direct=policy_step_key if cpu else None,  # DirectCalls: measured on the CPU
             )
             fuse_env_steps(self.collector, env, cfg, self.recurrent, env.num_envs)
             if cpu:
@@ -150,7 +156,7 @@ class PPOLearner:
                     eager=eager_gradient_step,
                     mutates=True,
                     cpp_wrapper=cpu,
-                    direct=gradient_step_key,
+                    direct=gradient_step_key if cpu else None,
                 )
             elif not self.recurrent or cfg.algo.data_chunk_length <= MAX_COMPILED_CHUNK:
                 self.terms_fn = compile_fn(loss_terms, graphs, fallback)
