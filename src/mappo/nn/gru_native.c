@@ -20,12 +20,22 @@
 #endif
 #define REAL_IS_FLOAT (sizeof(REAL) == sizeof(float))
 
-/* A 512-bit vector (GCC's and Clang's vector extensions: two 256-bit registers where there
- * are no 512-bit ones), loaded and stored at any alignment; a register tile is four rows of two
- * vectors. */
-#define VL (int64_t)(64 / sizeof(REAL))
+/* A vector as wide as the target's vector registers (GCC's and Clang's vector extensions):
+ * 512 bits with AVX-512, 256 with AVX, 128 otherwise; loaded and stored at any alignment. A
+ * register tile is four rows of two vectors: eight accumulators, two vectors of B and a
+ * broadcast, which fit in the 16 registers of AVX2 or SSE. (512-bit vectors there take two or
+ * four registers each: the tile spilled to memory, and the loops ran 3x slower than torch's
+ * ops on an AVX2 CPU.) */
+#if defined(__AVX512F__)
+#define VBYTES 64
+#elif defined(__AVX__)
+#define VBYTES 32
+#else
+#define VBYTES 16
+#endif
+#define VL (int64_t)(VBYTES / sizeof(REAL))
 #define NT (2 * VL)
-typedef REAL vec __attribute__((vector_size(64), aligned(sizeof(REAL)), __may_alias__));
+typedef REAL vec __attribute__((vector_size(VBYTES), aligned(sizeof(REAL)), __may_alias__));
 static inline vec load(const REAL *p) { return *(const vec *)p; }
 static inline void store(REAL *p, vec v) { *(vec *)p = v; }
 
