@@ -887,7 +887,7 @@ def test_direct_calls_skip_torchs_guards_once_a_kind_of_call_is_compiled(monkeyp
     with pytest.raises(compiled_mod.GuardCheckFailed, match="compiled _shifted: torch's guard"):
         fn(a, 2.5, True)
 
-    fn.check_every = 3  # checks on the kind's direct calls 0, 3, 6...: its two so far, one more
+    fn.check_every = 3  # checks its direct calls 0, 3, 6...: after 2, the second call from here
     with pytest.warns(RuntimeWarning, match="guarded from here on"):
         for _ in range(3):
             fn(a, 2.5, True)
