@@ -448,6 +448,64 @@ CASES = [
         watch_copy=True,
     ),
     Case("eval-no-path", lambda c: ["eval"], "required"),
+    Case("lr-on-mappo", _train("lr=0.001"), "mappo's learning rates are algo.actor_lr"),
+    Case(
+        "rollout-memory",
+        _train("rollout_length=100000000000"),
+        "lower env.num_envs or rollout_length",
+    ),
+    Case("eval-memory", _eval("--episodes", "100000000000"), "lower --episodes"),
+    Case(
+        "eval-checkpoints-folder",
+        lambda c: ["eval", str(c.run / "checkpoints")],
+        "is a run's checkpoints folder: give the run directory",
+    ),
+    Case(
+        "eval-config-file",
+        lambda c: ["eval", str(c.run / "config.yaml")],
+        "give a run directory, or one of the checkpoints/iter_*.pt files",
+    ),
+    Case(
+        "scripted-sample",
+        lambda c: ["eval", "--scripted", "smac/3m", "--sample"],
+        "--sample does not apply to --scripted",
+    ),
+    Case(
+        "scripted-not-a-map",
+        lambda c: ["eval", "--scripted", "mpe/simple_spread"],
+        "--scripted plays smac/<map> and hanabi/<variant>",
+    ),
+    Case(
+        "scripted-memory",
+        lambda c: ["eval", "--scripted", "hanabi/full-2p", "--episodes", "100000000000"],
+        "lower --episodes",
+    ),
+    Case(
+        "resume-with-preset",
+        lambda c: ["train", "mpe/simple_spread", "--resume", str(c.copy)],
+        "a resumed run keeps its own config",
+        watch_copy=True,
+    ),
+    Case(
+        "yaml-duplicate-key",
+        lambda c: ["train", str(c.tmp / "d.yaml")],
+        "'total_env_steps' is set twice (lines 2 and 4)",
+        setup=_write(
+            "d.yaml", "algo: {epochs: 1}\ntotal_env_steps: 300\nseed: 2\ntotal_env_steps: 600\n"
+        ),
+    ),
+    Case(
+        "yaml-duplicate-nested-key",
+        lambda c: ["train", str(c.tmp / "n.yaml")],
+        "'epochs' is set twice",
+        setup=_write("n.yaml", "algo: {epochs: 1, epochs: 2}\n"),
+    ),
+    Case(
+        "yaml-directory",
+        lambda c: ["train", str(c.tmp / "dir.yaml")],
+        "is a directory; name a YAML file",
+        setup=lambda c: (c.tmp / "dir.yaml").mkdir(),
+    ),
 ]
 
 

@@ -148,6 +148,14 @@ def test_eval_scripted_baseline(capsys):
     assert code == 2 and "unknown SMAC map '3q'" in err
 
 
+def test_eval_scripted_writes_a_gif_of_one_episode(capsys, tmp_path):
+    gif = tmp_path / "scripted.gif"
+    code, out, _ = _run(
+        capsys, "eval", "smac/3m", "--scripted", "--episodes", "2", "--gif", str(gif)
+    )
+    assert code == 0 and "frames to" in out and gif.stat().st_size > 0
+
+
 def test_render_random_episode(tmp_path, capsys):
     gif = tmp_path / "spread.gif"
     code, out, _ = _run(capsys, "render", "mpe/simple_spread", "--gif", str(gif), "--steps", "5")

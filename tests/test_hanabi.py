@@ -720,6 +720,13 @@ def test_seeding_replays_and_decks_can_be_dealt():
     bad[0, 3] = 0
     with pytest.raises(EnvError, match="every deck must hold each card"):
         a.deal(bad)
+    # card ids are whole numbers: a fractional deck is refused, not truncated
+    with pytest.raises(EnvError, match="decks must hold whole card ids"):
+        a.deal(decks.float() + 0.5)
+    a.deal(decks.double())  # whole numbers in a float tensor are card ids all the same
+    for junk in ("abc", None):
+        with pytest.raises(EnvError, match="decks must"):
+            a.deal(junk)
 
 
 def test_state_round_trip_replays_the_same_game():
@@ -745,7 +752,7 @@ def test_state_round_trip_replays_the_same_game():
     assert torch.equal(restored.obs["players"], step.obs["players"])
     for x, y in zip(first, play(restored), strict=True):
         assert torch.equal(x, y)
-    with pytest.raises(EnvError, match="set_state needs the keys"):
+    with pytest.raises(EnvError, match="set_state needs every key"):
         env.set_state({"hands": saved["hands"]})
     # a subset of the games: they take the saved games' state, the others stay as they are
     now = env.get_state()
@@ -772,13 +779,52 @@ def test_state_round_trip_replays_the_same_game():
     # values a game cannot hold are refused before anything is written (on either backend
     # they would index past the game's tables)
     before = env.get_state()
-    for key, value in (("player", 7), ("hands", 1000), ("dealt", -100), ("deck", -1)):
+    for key, value in (
+        ("player", 7),
+        ("hands", 1000),
+        ("dealt", -100),
+        ("deck", -1),
+        ("info", 9),
+        ("info", -5),
+        ("life", 99),
+        ("turns_left", 99),
+        ("discards", 99),
+        ("last_kind", 99),
+        ("color_hint", 5),
+        ("length", -3),
+        ("move_counts", -1),
+    ):
         wrong = {k: v.clone() for k, v in saved.items()}
         wrong[key].view(-1)[0] = value
         with pytest.raises(EnvError, match=f"state\\['{key}'\\] must hold values"):
             env.set_state(wrong)
+    # a bad shape or type in the last key checked: nothing written before it either
+    wrong = {k: v.clone() for k, v in saved.items()}
+    wrong["move_counts"] = wrong["move_counts"][:, :2]
+    with pytest.raises(EnvError, match="state\\['move_counts'\\] must be"):
+        env.set_state(wrong)
+    wrong = {k: v.clone() for k, v in saved.items()}
+    wrong["life"] = wrong["life"].float() - 0.5
+    with pytest.raises(EnvError, match="state\\['life'\\] must hold whole numbers"):
+        env.set_state(wrong)
     for k, v in env.get_state().items():
         assert torch.equal(v, before[k]), k
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize("name", ["hanabi/full-2p", "hanabi/full-5p", "hanabi/very-small-2p"])
+def test_every_state_a_game_reaches_is_accepted_by_set_state(name, backend):
+    # the limits set_state checks are the game's own: random play through many games (ends
+    # of deck, lost lives, restarts) never leaves them, on either backend
+    env = make(name, num_envs=8, seed=3, backend=backend)
+    step = env.reset()
+    gen = torch.Generator().manual_seed(4)
+    for _ in range(150):
+        step = env.step(_random_actions(step, gen))
+        state = env.get_state()
+        env.set_state(state)
+        for k, v in env.get_state().items():
+            assert torch.equal(v, state[k]), k
 
 
 def test_text_rendering_shows_hands_hints_and_tokens():
@@ -822,6 +868,29 @@ def test_scripted_baseline_from_the_command_line(capsys):
     assert out["score"] > 10 and 0 <= out["perfect"] <= 1
     assert main(["eval", "--scripted", "hanabi/full-9p"]) == 2
     assert "unknown Hanabi variant 'hanabi/full-9p'" in capsys.readouterr().err
+
+
+def test_scripted_player_renders_one_of_its_games(tmp_path, capsys):
+    from PIL import Image
+
+    from mappo.cli import main
+
+    gif = tmp_path / "rules.gif"
+    assert (
+        main(["eval", "--scripted", "hanabi/very-small-2p", "--episodes", "4", "--gif", str(gif)])
+        == 0
+    )
+    assert "frames to" in capsys.readouterr().out
+    with Image.open(gif) as image:
+        assert image.n_frames > 2  # a whole game: several moves, not only the deal
+
+
+def test_hanabi_parameters_must_be_whole_numbers():
+    for bad in ("two", 2.5, True):
+        with pytest.raises(EnvError, match="players must be a whole number"):
+            make("hanabi/full-2p", num_envs=1, players=bad)
+    with pytest.raises(EnvError, match="^hanabi: Hanabi needs 2-5 players"):
+        make("hanabi/full-2p", num_envs=1, players=6)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -86,6 +86,10 @@ def first_nonfinite(tree: Any) -> str | None:
     return floats[int((~ok).nonzero()[0])][0]
 
 
+_OLDER = "it may be truncated: use an older one in checkpoints/"
+"""The fix a damaged checkpoint of a run names (when the run has older ones)."""
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint file safely (``weights_only=True``), in the current layout.
 
@@ -97,9 +101,12 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unpickling failure means the same to the user
+        if path.parent.name == "checkpoints" and path.name.startswith("iter_"):
+            fix = _OLDER  # a run's own checkpoint, cut off while it was written
+        else:
+            fix = "give a run directory, or one of the checkpoints/iter_*.pt files in it"
         raise CheckpointError(
-            f"'{path}' is not a readable mappo checkpoint ({type(err).__name__}); it may be "
-            "truncated: use an older one in checkpoints/"
+            f"'{path}' is not a readable mappo checkpoint ({type(err).__name__}); {fix}"
         ) from err
     if isinstance(data, dict) and data.get("format") == 1:
         try:
@@ -152,6 +159,11 @@ def _no_checkpoint_message(run_dir: Path) -> str:
             f"run '{run_dir}' has no checkpoint: it stopped before its first one was written; "
             "start it again (nothing of it can be resumed)"
         )
+    if run_dir.name == "checkpoints" and (run_dir.parent / "config.yaml").is_file():
+        return (
+            f"'{run_dir}' is a run's checkpoints folder: give the run directory "
+            f"'{run_dir.parent}' (or one checkpoint file in this folder)"
+        )
     return f"no checkpoint in '{run_dir / 'checkpoints'}'; is '{run_dir}' a mappo run directory?"
 
 
@@ -175,9 +187,10 @@ def load_latest(run_dir: str | Path) -> tuple[Path, dict[str, Any]]:
         for reason in reasons:
             warnings.warn(f"skipped {reason}", CheckpointWarning, stacklevel=2)
         return path, data
+    newest = reasons[0].removesuffix(f"; {_OLDER}")
     raise CheckpointError(
-        f"no usable checkpoint in '{run_dir / 'checkpoints'}' ({len(ckpts)} files; the "
-        f"newest: {reasons[0]})"
+        f"no usable checkpoint in '{run_dir / 'checkpoints'}' ({len(ckpts)} files, none "
+        f"readable; the newest: {newest}): the run cannot be resumed or evaluated, start it again"
     )
 
 

@@ -21,6 +21,7 @@ import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from mappo import config as config_mod
 from mappo.checkpoint import CheckpointError
@@ -89,6 +90,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         # it; the overrides are the words with '=' that are not run directories.
         dirs = [d for d in args.resume if "=" not in d or Path(d).is_dir()]
         overrides = [d for d in args.resume if d not in dirs]
+        if args.config and "=" not in args.config:
+            raise config_mod.ConfigError(
+                f"a resumed run keeps its own config: leave out {args.config!r} "
+                "(`mappo train --resume RUN_DIR [KEY=VALUE ...]`)"
+            )
         overrides += ([args.config] if args.config else []) + args.overrides
         if not dirs:
             raise config_mod.ConfigError("give the run directory to resume: --resume RUN_DIR")
@@ -130,12 +136,19 @@ def _print_result(result: dict, as_json: bool) -> None:
 
 
 def cmd_eval_scripted(args: argparse.Namespace) -> int:
+    from mappo.envs.registry import make
     from mappo.envs.smac.maps import get_map
-    from mappo.envs.smac.scripted import evaluate_scripted
+    from mappo.envs.smac.scripted import evaluate_scripted, scripted_actions
 
     config_mod.check_device(args.device)
+    if args.sample:
+        raise config_mod.ConfigError(
+            "--sample does not apply to --scripted: the rule-based players choose their moves "
+            "by rule, not by sampling (leave --sample out)"
+        )
     if args.path.startswith("hanabi/"):
         from mappo.envs.hanabi.scripted import evaluate_scripted as hanabi_scripted
+        from mappo.envs.hanabi.scripted import scripted_moves
         from mappo.envs.registry import list_envs
 
         names = [entry.name for entry in list_envs()]
@@ -144,25 +157,72 @@ def cmd_eval_scripted(args: argparse.Namespace) -> int:
             raise config_mod.ConfigError(
                 f"unknown Hanabi variant {args.path!r}; the scripted player plays {known}"
             )
-        result = hanabi_scripted(args.path, args.episodes, args.seed, args.device)
-        _print_result({"task": args.path, "algo": "scripted", **result}, args.json)
-        return 0
-    name = args.path.removeprefix("smac/")
-    get_map(name)  # an unknown map is a one-line error naming the nearest one
-    result = evaluate_scripted(name, episodes=args.episodes, seed=args.seed, device=args.device)
-    _print_result({"task": f"smac/{name}", "algo": "scripted", **result}, args.json)
+        task = args.path
+        _check_scripted_memory(task, args.episodes, args.device)
+        result = hanabi_scripted(task, args.episodes, args.seed, args.device)
+
+        def act(env: Any, step: Any) -> dict[str, Any]:
+            moves = scripted_moves(env)  # only the player to act's move is read
+            return {"players": moves[:, None, None].expand(-1, env.rules.players, 1)}
+
+    else:
+        name = args.path.removeprefix("smac/")
+        try:
+            get_map(name)  # an unknown map is a one-line error naming the nearest one
+        except EnvError as err:
+            raise EnvError(f"{err} (--scripted plays smac/<map> and hanabi/<variant>)") from err
+        task = f"smac/{name}"
+        _check_scripted_memory(task, args.episodes, args.device)
+        result = evaluate_scripted(name, episodes=args.episodes, seed=args.seed, device=args.device)
+
+        def act(env: Any, step: Any) -> dict[str, Any]:
+            return scripted_actions(env, step)
+
+    _print_result({"task": task, "algo": "scripted", **result}, args.json)
+    if args.gif:
+        from mappo.envs.rendering import record_episode, save_gif
+
+        _check_gif_path(args.gif)
+        with make(task, num_envs=1, device=args.device, seed=args.seed) as single:
+            single.validate_actions = False
+            frames = record_episode(single, lambda step: act(single, step))
+        save_gif(frames, args.gif)
+        if not args.json:
+            print(f"wrote {len(frames)} frames to {args.gif}")
     return 0
+
+
+def _check_scripted_memory(task: str, episodes: int, device: str) -> None:
+    """Refuse a scripted evaluation of ``episodes`` episodes at once (one env each) that would
+    not fit in the free memory, before its envs are made."""
+    import torch
+
+    from mappo.envs.registry import make
+    from mappo.resources import available_bytes, env_state_bytes, evaluation_memory_problem
+
+    with make(task, num_envs=1, device=device) as probe:
+        problem = evaluation_memory_problem(
+            episodes,
+            probe.spec,
+            env_state_bytes(probe),
+            available_bytes(torch.device(device)),
+            device,
+        )
+    if problem is not None:
+        raise config_mod.ConfigError(problem)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from mappo.api import load_policy
     from mappo.envs.registry import fit_workers, make
     from mappo.evaluation import evaluate
+    from mappo.trainer import check_evaluation_memory
 
     if args.scripted:
         return cmd_eval_scripted(args)
     policy = load_policy(args.path, device=args.device)
     cfg = policy.config
+    check_evaluation_memory(cfg, args.episodes, args.device)
     env = make(
         cfg.env.name,
         num_envs=args.episodes,

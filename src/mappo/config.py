@@ -431,7 +431,7 @@ def resolve_key(key: str, cfg: TrainConfig | None = None) -> str:
         if cls is not type(cfg.algo if cfg is not None else AlgoConfig()) and (
             key in other or f"algo.{key}" in other
         ):
-            return _raise_other_family(key, family, name)
+            return _raise_other_family(key, family, name, list(keys))
     close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.5)
     if not close:
         bare = {k.rsplit(".", 1)[-1]: k for k in keys}
@@ -441,11 +441,20 @@ def resolve_key(key: str, cfg: TrainConfig | None = None) -> str:
     raise ConfigError(f"unknown config key '{key}'{hint}")
 
 
-def _raise_other_family(key: str, family: str, other: str) -> str:
-    names = [n for n, c in ALGO_CLASSES.items() if c is ALGO_CLASSES[other]]
+def _raise_other_family(key: str, family: str, other: str, keys: list[str]) -> str:
+    bare = key.rsplit(".", 1)[-1]
+    names = [
+        n for n, c in ALGO_CLASSES.items() if f"algo.{bare}" in _KEYS_OF[c] or key in _KEYS_OF[c]
+    ]
+    # a learning rate asked for by the other family's name: this family's own rates are meant
+    rates = [k for k in keys if k.startswith("algo.") and k.endswith("_lr")] if bare == "lr" else []
+    fix = (
+        f"{family}'s learning rates are {' and '.join(rates)}"
+        if rates
+        else f"set algo.name={other} before it"
+    )
     raise ConfigError(
-        f"config key '{key}' belongs to algo.name={'/'.join(names)}, not '{family}'; "
-        f"set algo.name={other} before it"
+        f"config key '{key}' belongs to algo.name={'/'.join(names)}, not '{family}'; {fix}"
     )
 
 
@@ -693,6 +702,30 @@ def list_presets() -> list[str]:
     )
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key set twice in one mapping (plain YAML keeps the last
+    silently, so an edited config could run with a value its reader did not see)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = lines.get(key)
+            except TypeError:  # an unhashable key: the safe loader refuses it itself
+                continue
+            if first is not None and key != "<<":
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"'{key}' is set twice (lines {first} and {line}); keep one",
+                    key_node.start_mark,
+                )
+            lines[key] = line
+        return super().construct_mapping(node, deep)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -703,7 +736,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
             f"config file '{path}' is not a text file (not UTF-8); give a YAML file"
         ) from None
     try:
-        data = yaml.safe_load(text)  # safe loader: a config never runs code
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # safe: a config never runs code
     except yaml.YAMLError as err:
         # PyYAML's message spans several lines; keep the problem and where it is.
         mark = getattr(err, "problem_mark", None)
@@ -729,6 +762,8 @@ def _preset_path(name: str) -> Path:
 def _load_layers(source: str, seen: tuple[str, ...] = ()) -> list[tuple[str, dict[str, Any]]]:
     path = Path(source)
     if source.endswith((".yaml", ".yml")) or path.is_file():
+        if path.is_dir():
+            raise ConfigError(f"config file '{source}' is a directory; name a YAML file")
         if not path.is_file():
             raise ConfigError(f"config file '{source}' does not exist")
     else:

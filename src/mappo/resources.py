@@ -134,10 +134,33 @@ def memory_problem(
         "eval_episodes": cfg.eval_episodes,
         "algo.buffer_size": getattr(cfg.algo, "buffer_size", 0),
     }[biggest]
+    what, fix = f"{biggest}={value:,}", biggest
+    if biggest == "env.num_envs" and cfg.family == "ppo":
+        # MAPPO's rollout holds rollout_length steps of every env: either may be the culprit
+        what += f" x rollout_length={cfg.rollout_length:,}"
+        fix = "env.num_envs or rollout_length"
     return (
-        f"this run needs about {format_bytes(total)} of memory (an estimate; {biggest}={value:,} "
+        f"this run needs about {format_bytes(total)} of memory (an estimate; {what} "
         f"takes {format_bytes(parts[biggest])}) but {format_bytes(free)} is free on "
-        f"{cfg.device}; lower {biggest}"
+        f"{cfg.device}; lower {fix}"
+    )
+
+
+def evaluation_memory_problem(
+    episodes: int, spec: EnvSpec, state_bytes: int, free: int | None, device: Any
+) -> str | None:
+    """A one-line refusal if an evaluation of ``episodes`` episodes at once (one env each, as
+    ``mappo eval`` plays them) would exceed the free memory, else None."""
+    if free is None:
+        return None
+    need = episodes * (state_bytes + 2 * step_bytes(spec))
+    if need <= _USABLE * free:
+        return None
+    fits = max(int(_USABLE * free) // max(state_bytes + 2 * step_bytes(spec), 1), 1)
+    return (
+        f"evaluating {episodes:,} episodes at once needs about {format_bytes(need)} of memory "
+        f"(an estimate) but {format_bytes(free)} is free on {device}; lower --episodes (about "
+        f"{fits:,} fit)"
     )
 
 

@@ -43,7 +43,13 @@ from mappo.envs.registry import make as make_env
 from mappo.evaluation import evaluate
 from mappo.learners import Learner, make_learner
 from mappo.logging import MetricsLogger, ProgressBar
-from mappo.resources import ThreadGovernor, available_bytes, env_state_bytes, memory_problem
+from mappo.resources import (
+    ThreadGovernor,
+    available_bytes,
+    env_state_bytes,
+    evaluation_memory_problem,
+    memory_problem,
+)
 
 _EVAL_SEED_OFFSET = 1_000_003
 # A thread count the user set for the whole process wins over the governor.
@@ -353,12 +359,14 @@ class Trainer:
         return out
 
 
-def _check_memory(cfg: TrainConfig, device: torch.device) -> None:
+def _check_memory(cfg: TrainConfig, device: torch.device, eval_episodes: int | None = None) -> None:
     """Refuse a run whose estimated memory exceeds what is free (see :mod:`mappo.resources`),
-    before its environments allocate anything."""
+    before its environments allocate anything; with ``eval_episodes``, an evaluation of that
+    many episodes at once (``mappo eval``) instead of the run."""
     adapter = uses_workers(cfg.env.name)
     per_copy = copy_bytes(cfg.env.name)
-    if adapter and not per_copy and cfg.env.num_envs + cfg.eval_episodes <= _PROBE_ADAPTERS_ABOVE:
+    envs = cfg.env.num_envs + cfg.eval_episodes if eval_episodes is None else eval_episodes
+    if adapter and not per_copy and envs <= _PROBE_ADAPTERS_ABOVE:
         return
     kwargs = dict(cfg.env.kwargs)
     if adapter:  # the probe's one copy runs in this process, without the worker options
@@ -367,11 +375,21 @@ def _check_memory(cfg: TrainConfig, device: torch.device) -> None:
         kwargs["num_workers"] = 0
     with make_env(cfg.env.name, num_envs=1, device=device, seed=cfg.seed, **kwargs) as probe:
         state_bytes = env_state_bytes(probe) + per_copy
-        problem = memory_problem(
-            cfg, probe.spec, state_bytes, available_bytes(device), probe.byte_observations
-        )
+        free = available_bytes(device)
+        if eval_episodes is not None:
+            problem = evaluation_memory_problem(
+                eval_episodes, probe.spec, state_bytes, free, device
+            )
+        else:
+            problem = memory_problem(cfg, probe.spec, state_bytes, free, probe.byte_observations)
     if problem is not None:
         raise config_mod.ConfigError(problem)
+
+
+def check_evaluation_memory(cfg: TrainConfig, episodes: int, device: str | torch.device) -> None:
+    """Refuse (:class:`~mappo.config.ConfigError`) an evaluation of ``episodes`` episodes of
+    ``cfg``'s env at once whose estimated memory exceeds what is free on ``device``."""
+    _check_memory(cfg, torch.device(device), eval_episodes=episodes)
 
 
 def new_run_dir(cfg: TrainConfig) -> Path:

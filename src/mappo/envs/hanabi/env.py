@@ -102,7 +102,7 @@ class HanabiEnv(BatchedEnv):
                 players, colors, ranks, hand_size, max_information_tokens, max_life_tokens
             )
         except ValueError as err:
-            raise EnvError(f"{self.name}: {err}") from err
+            raise EnvError(f"hanabi: {err}") from err
         r = self.rules
         self.name = f"hanabi ({r.players} players, {r.colors} colors x {r.ranks} ranks)"
         try:
@@ -149,8 +149,21 @@ class HanabiEnv(BatchedEnv):
         """Start every game from a given deck order ``decks [E, D]`` (card ids ``color * R +
         rank``, dealt from index 0, player 0's hand first): deck injection, for replaying a game
         exactly (e.g. one recorded in OpenSpiel)."""
+        try:
+            decks = torch.as_tensor(decks, device=self.device)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise EnvError(f"{self.name}: decks must be an integer tensor or array: {err}") from err
+        if (
+            decks.dtype == torch.bool
+            or decks.is_complex()
+            or (
+                decks.is_floating_point()
+                and not bool((decks.isfinite() & (decks == decks.round())).all())
+            )
+        ):
+            raise EnvError(f"{self.name}: decks must hold whole card ids, got {decks.dtype}")
         # a copy: the games must not share memory with the caller's tensor
-        decks = torch.as_tensor(decks, device=self.device).long().clone()
+        decks = decks.long().clone()
         d = self.rules.deck_size
         if decks.shape != (self.num_envs, d):
             raise EnvError(f"{self.name}: decks must be [{self.num_envs}, {d}], got {decks.shape}")
@@ -273,12 +286,14 @@ class HanabiEnv(BatchedEnv):
         given = set(state) - {"move_counts"}
         if given != keys:
             raise EnvError(
-                f"{self.name}: set_state needs the keys of get_state(); missing "
-                f"{sorted(keys - given)}, unknown {sorted(given - keys)}"
+                f"{self.name}: set_state needs every key of get_state() (a game's fields "
+                f"depend on each other: change what get_state() returns and pass all of it "
+                f"back); missing {sorted(keys - given)}, unknown {sorted(given - keys)}"
             )
         if "move_counts" not in state:
             state = {**state, "move_counts": torch.zeros_like(self._moves[: ids.numel()])}
         r = self.rules
+        top = max(r.colors, r.ranks) - 1
         limits = {  # what a game can hold (a state out of these would index past its tables)
             "player": (0, r.players - 1),
             "hands": (-1, self._cards - 1),
@@ -286,19 +301,51 @@ class HanabiEnv(BatchedEnv):
             "hand_count": (0, r.hand),
             "dealt": (0, r.deck_size),
             "fireworks": (0, r.ranks),
+            "color_hint": (-1, r.colors - 1),
+            "rank_hint": (-1, r.ranks - 1),
+            "info": (0, r.max_information_tokens),
+            "life": (0, r.max_life_tokens),
+            "discards": (0, r.instances(0)),
+            "turns_left": (0, r.players),
+            "last_kind": (-1, 3),
+            "last_player": (0, r.players - 1),
+            "last_target": (0, r.players - 1),
+            "last_color": (0, top),
+            "last_rank": (0, top),
+            "last_slot": (0, r.hand - 1),
+            "last_card": (0, self._cards - 1),
+            "length": (0, None),
+            "move_counts": (0, None),
         }
-        for k, (lo, hi) in limits.items():
-            v = state[k]
-            if v.numel() and not lo <= int(v.min()) <= int(v.max()) <= hi:
-                raise EnvError(f"{self.name}: state['{k}'] must hold values from {lo} to {hi}")
         own = {"length": self._length, "move_counts": self._moves}
+        # Every field is checked before any is written: a refused state leaves the games as
+        # they were.
+        values = {}
         for k, v in state.items():
             target = own[k] if k in own else self.games.state[k]
-            if v.shape[1:] != target.shape[1:] or v.shape[0] != ids.numel():
+            v = torch.as_tensor(v)
+            if tuple(v.shape[1:]) != tuple(target.shape[1:]) or v.shape[0] != ids.numel():
                 raise EnvError(
                     f"{self.name}: state['{k}'] must be [{ids.numel()}, "
                     f"{', '.join(map(str, target.shape[1:]))}], got {list(v.shape)}"
                 )
+            if target.dtype == torch.bool:
+                if v.dtype != torch.bool and v.numel() and not bool(((v == 0) | (v == 1)).all()):
+                    raise EnvError(f"{self.name}: state['{k}'] must hold flags (0/1 or bool)")
+            elif (
+                v.dtype == torch.bool
+                or v.is_complex()
+                or (v.is_floating_point() and not bool((v.isfinite() & (v == v.round())).all()))
+            ):
+                raise EnvError(f"{self.name}: state['{k}'] must hold whole numbers ({v.dtype})")
+            lo, hi = limits.get(k, (None, None))
+            if lo is not None and v.numel():
+                low, high = int(v.min()), int(v.max())
+                if low < lo or (hi is not None and high > hi):
+                    span = f"from {lo} to {hi}" if hi is not None else f"of at least {lo}"
+                    raise EnvError(f"{self.name}: state['{k}'] must hold values {span}")
+            values[k] = (target, v)
+        for target, v in values.values():
             target[ids] = v.to(self.device, target.dtype)
         return self._first_step()
 

@@ -29,10 +29,21 @@ Shapes: ``B`` games, ``P`` players, ``H`` hand size, ``C`` colors, ``R`` ranks, 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+import operator
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
+
+
+def _whole(value: object) -> bool:
+    """Whether ``value`` is an integer (a Python int or a type that converts like one, such as
+    NumPy's)."""
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -47,6 +58,13 @@ class HanabiRules:
     max_life_tokens: int = 3
 
     def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if value is None and field.name == "hand_size":
+                continue  # the HLE's rule picks the hand size
+            # bool passes as an int in Python; a flag where a count belongs is a mistake
+            if isinstance(value, bool) or not _whole(value):
+                raise ValueError(f"Hanabi's {field.name} must be a whole number, got {value!r}")
         if not 2 <= self.players <= 5:
             raise ValueError(f"Hanabi needs 2-5 players, got players={self.players}")
         if not 1 <= self.colors <= 5 or not 1 <= self.ranks <= 5:
