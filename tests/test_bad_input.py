@@ -501,6 +501,17 @@ CASES = [
         setup=_write("n.yaml", "algo: {epochs: 1, epochs: 2}\n"),
     ),
     Case(
+        "run-dir-is-a-file",
+        lambda c: [*SPREAD, f"run_dir={c.tmp / 'afile'}"],
+        "cannot create the run directory",
+        setup=_write("afile", "a file where the runs' folder should be"),
+    ),
+    Case(
+        "render-word-without-equals",
+        lambda c: ["render", "mpe/simple_spread", "noeq", "--gif", str(c.tmp / "r.gif")],
+        "must look like KEY=VALUE (e.g. num_agents=4)",
+    ),
+    Case(
         "yaml-directory",
         lambda c: ["train", str(c.tmp / "dir.yaml")],
         "is a directory; name a YAML file",
@@ -717,3 +728,32 @@ def test_sigterm_to_the_whole_process_group_checkpoints_a_run_with_env_workers(t
     assert "continue with: mappo train --resume" in err and "worker" not in err
     (run,) = [p.parent for p in tmp_path.glob("runs/*/*/*/*/metrics.csv")]
     assert len(_ckpts(run)) == 1
+
+
+def test_a_second_signal_names_the_older_checkpoint_it_resumes_from(monkeypatch, capsys, tmp_path):
+    """A second Ctrl-C stops at once: the message must not claim a checkpoint saved at that
+    step, but name the newest one, which the printed command resumes from."""
+    import mappo.trainer as trainer_mod
+
+    older = tmp_path / "run" / "checkpoints" / "iter_00000219.pt"
+
+    def stopped_twice(cfg):  # noqa: ANN001, ANN202
+        raise trainer_mod.RunInterrupted(
+            signal.SIGINT, tmp_path / "run", 707_200, older, saved_at_stop=False
+        )
+
+    monkeypatch.setattr(trainer_mod, "train", stopped_twice)
+    code, _, err = _cli(capsys, ["train", "mpe/simple_spread", "progress=false"])
+    assert code == 130
+    assert "stopped at once at env step 707,200" in err and f"the newest is {older}" in err
+    assert f"mappo train --resume {tmp_path / 'run'}" in err and "saved" not in err
+
+
+def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):
+    """The directory is claimed by creating it (no look-then-create race between two runs)."""
+    from mappo import config as config_mod
+    from mappo.trainer import new_run_dir
+
+    cfg = config_mod.load("mpe/simple_spread", [f"run_dir={tmp_path}"])
+    first, second = new_run_dir(cfg), new_run_dir(cfg)
+    assert first != second and first.is_dir() and second.is_dir()

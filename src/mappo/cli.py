@@ -272,7 +272,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     from mappo.envs.registry import make
     from mappo.envs.rendering import record_episode, save_gif
 
-    kwargs = config_mod.parse_overrides(args.kwargs) if args.kwargs else {}
+    # the words after the env's name are its parameters, e.g. num_agents=4
+    kwargs = config_mod.parse_overrides(args.kwargs, "num_agents=4") if args.kwargs else {}
     _check_gif_path(args.gif)
     with make(args.env, num_envs=1, seed=args.seed, **kwargs) as env:
         frames = record_episode(env, None, num_steps=args.steps)
@@ -620,12 +621,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             dirs = " ".join(str(d) for d in err.run_dirs)
-            print(
-                f"mappo: interrupted at env step {err.env_steps:,}; saved {err.checkpoint}"
-                + (" and the other seeds' checkpoints" if len(err.run_dirs) > 1 else "")
-                + f"; continue with: mappo train --resume {dirs}",
-                file=sys.stderr,
-            )
+            if err.saved_at_stop:
+                what = f"interrupted at env step {err.env_steps:,}; saved {err.checkpoint}"
+                what += " and the other seeds' checkpoints" if len(err.run_dirs) > 1 else ""
+            else:  # a second signal: stopped at once, nothing saved at the stop
+                what = (
+                    f"stopped at once at env step {err.env_steps:,} (a second signal), without "
+                    f"a checkpoint there; the newest is {err.checkpoint}"
+                )
+            print(f"mappo: {what}; continue with: mappo train --resume {dirs}", file=sys.stderr)
         return 128 + err.signum
     except KeyboardInterrupt:
         print("mappo: interrupted", file=sys.stderr)

@@ -802,12 +802,13 @@ def load(
     return cfg
 
 
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``["algo.epochs=5", "model.hidden_sizes=[128,128]"]`` -> dict, values parsed as YAML."""
+def parse_overrides(items: list[str], example: str = "algo.epochs=5") -> dict[str, Any]:
+    """``["algo.epochs=5", "model.hidden_sizes=[128,128]"]`` -> dict, values parsed as YAML.
+    ``example``: the kind of setting the caller takes, shown when a word has no ``=``."""
     out: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
-            raise ConfigError(f"override '{item}' must look like KEY=VALUE (e.g. algo.epochs=5)")
+            raise ConfigError(f"override '{item}' must look like KEY=VALUE (e.g. {example})")
         key, text = item.split("=", 1)
         try:
             value = yaml.safe_load(text) if text != "" else ""

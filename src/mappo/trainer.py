@@ -73,11 +73,14 @@ class RunInterrupted(Exception):
         env_steps: int,
         checkpoint: Path | None,
         others: list[Path] | None = None,
+        saved_at_stop: bool = True,
     ) -> None:
         self.signum = signum
         self.run_dir = run_dir
         self.env_steps = env_steps
         self.checkpoint = checkpoint
+        # False: a second signal stopped the run at once, so ``checkpoint`` is an older one
+        self.saved_at_stop = saved_at_stop
         self.run_dirs = [run_dir, *(others or [])]
         """Every run stopped by the signal (the seeds of a stacked run)."""
         super().__init__(f"interrupted by {signal.Signals(signum).name} at env step {env_steps}")
@@ -398,11 +401,24 @@ def new_run_dir(cfg: TrainConfig) -> Path:
     base = Path(cfg.run_dir) / _task_dir(cfg.preset or cfg.env.name) / cfg.algo_name
     path = base / f"{stamp}_seed{cfg.seed}"
     suffix = 1
-    while path.exists():
-        path = base / f"{stamp}_seed{cfg.seed}_{suffix}"
-        suffix += 1
-    path.mkdir(parents=True)
-    return path
+    while True:
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            if not path.is_dir():
+                raise config_mod.ConfigError(
+                    f"cannot create the run directory '{path}': a file of that name is in the "
+                    "way; set run_dir= to a folder"
+                ) from None
+            # another run of this task and seed started in the same second: the next name
+            path = base / f"{stamp}_seed{cfg.seed}_{suffix}"
+            suffix += 1
+        except OSError as err:
+            raise config_mod.ConfigError(
+                f"cannot create the run directory '{path}': {err.strerror}; set run_dir= to a "
+                "folder you can write"
+            ) from None
 
 
 def train(
@@ -794,6 +810,7 @@ def _run(
             t.env_steps,
             t.last_checkpoint,
             [u.run_dir for u in trainers[1:]],  # type: ignore[arg-type,misc]
+            saved_at_stop=False,
         ) from None
     finally:
         for t in trainers:
