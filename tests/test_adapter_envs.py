@@ -96,6 +96,12 @@ class TinyEnv(ParallelEnv):
         self.t = 0
         self.noise = self.rng.normal(size=len(self.possible_agents))
         self.last = {a: 0 for a in self.possible_agents}
+        if self.fault == "reset_raise":
+            raise RuntimeError("reset boom")
+        if self.fault == "reset_obs_only":  # the old API's reset: no infos
+            return {a: self._obs(a) for a in self.agents}
+        if self.fault == "reset_text_obs":
+            return {a: "hello" for a in self.agents}, {a: {} for a in self.agents}
         return {a: self._obs(a) for a in self.agents}, {a: self._info(a) for a in self.agents}
 
     def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
@@ -127,6 +133,8 @@ class TinyEnv(ParallelEnv):
         return obs, rewards, terms, truncs, infos
 
     def state(self) -> np.ndarray:
+        if self.fault == "state_raise":
+            raise ValueError("state boom")
         raise NotImplementedError("TinyEnv has no global state")
 
     def _value(self, agent: str) -> np.ndarray:

@@ -472,6 +472,21 @@ def test_malformed_output_is_refused_with_agent_and_env_names(fault: str, messag
         env.reset()
 
 
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("reset_raise", "the environment's reset\\(\\) raised RuntimeError: reset boom"),
+        ("state_raise", "the environment's state\\(\\) raised ValueError: state boom"),
+        ("reset_obs_only", "reset\\(\\) must return \\(observations, infos\\)"),
+        ("reset_text_obs", "the observation of agent 'agent_0' after reset\\(\\) does not fit"),
+    ],
+)
+def test_a_fault_while_the_env_is_inspected_is_one_clear_error(fault: str, message: str) -> None:
+    with pytest.raises(EnvError, match=message) as info:
+        PettingZooAdapter(tiny(fault=fault), num_envs=1, num_workers=0, name="tiny")
+    assert str(info.value).startswith("tiny: ")
+
+
 def test_an_env_error_in_process_names_the_copy_and_keeps_the_traceback() -> None:
     env = PettingZooAdapter(tiny(fault="raise", fault_seed=11), num_envs=3, seed=10, num_workers=0)
     env.reset()

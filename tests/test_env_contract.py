@@ -114,3 +114,63 @@ def test_a_final_state_given_as_a_function_is_made_once_when_read() -> None:
     assert torch.equal(both.final_state, torch.full((4, 3), 7.0)) and calls == [1, 1]
     assert cat_steps([EnvStep(**fields, final_state=x)] * 2).final_state.shape == (4, 3)
     assert cat_steps([EnvStep(**fields)] * 2).final_state is None
+
+
+class _Broken(MatchEnv):
+    """MatchEnv with one mistake in what its step returns (``fault``)."""
+
+    def __init__(self, fault: str) -> None:
+        super().__init__(4, masks=True)
+        self.fault = fault
+
+    def _step(self, actions):  # noqa: ANN001, ANN202
+        out = super()._step(actions)
+        obs, mask = out.obs["agents"], out.action_mask["agents"]
+        if self.fault == "none":
+            return None
+        if self.fault == "obs_shape":
+            out.obs = {"agents": torch.cat([obs, obs[..., :1]], -1)}
+        elif self.fault == "obs_float64":
+            out.obs = {"agents": obs.double()}
+        elif self.fault == "reward_nan":
+            out.reward = {"agents": out.reward["agents"] * float("nan")}
+        elif self.fault == "reward_shape":
+            out.reward = {"agents": out.reward["agents"][:, 0]}
+        elif self.fault == "done_float":
+            out.terminated = out.terminated.float()
+        elif self.fault == "group":
+            out.obs = {"players": obs}
+        elif self.fault == "mask_none":
+            out.action_mask = {"agents": torch.zeros_like(mask)}
+        return out
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("none", "step\\(\\) must return an EnvStep, got NoneType"),
+        ("obs_shape", "obs\\['agents'\\] has shape \\[4, 2, 6\\], the spec asks for \\[4, 2, 5\\]"),
+        ("obs_float64", "obs\\['agents'\\] has dtype torch.float64, expected float32"),
+        ("reward_nan", "reward\\['agents'\\] holds NaN or inf"),
+        ("reward_shape", "reward\\['agents'\\] has shape \\[4\\]"),
+        ("done_float", "terminated has dtype torch.float32, expected bool"),
+        ("group", "obs has the groups \\['players'\\], the spec's are \\['agents'\\]"),
+        ("mask_none", "action_mask\\['agents'\\] allows no action for alive agent 0 of env 0"),
+    ],
+)
+def test_a_users_env_is_checked_on_its_first_outputs(fault, message):
+    from mappo.envs.base import OUTPUT_CHECKS, EnvError
+
+    env = _Broken(fault)
+    step = env.reset(seed=0)
+    actions = {"agents": torch.zeros(4, 2, 1, dtype=torch.int64)}
+    env.validate_actions = False
+    with pytest.raises(EnvError, match=message) as raised:
+        env.step(actions)
+    assert str(raised.value).startswith("toy/match: step()")  # names the env and the call
+    # a sound env of the same kind passes, and after the first outputs nothing is checked
+    sound = _Broken("ok")
+    step = sound.reset(seed=0)
+    for _ in range(OUTPUT_CHECKS + 2):
+        step = sound.step(actions)
+    assert sound.__dict__["_outputs_checked"] == OUTPUT_CHECKS and step.obs["agents"].shape[0] == 4

@@ -206,6 +206,16 @@ def test_cli_report_plot_and_their_errors(tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("mappo: error: ") and "\n" not in err and message in err
+    for argv, message in [  # refused by the argument parser, which exits with 2
+        (["report", str(tmp_path), "--target", "nan"], "must be a finite number"),
+        (["report", str(tmp_path), "--target", "inf"], "must be a finite number"),
+        (["bench", "env", "--seconds", "0"], "must be a positive number"),
+    ]:
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("mappo: error: ") and "\n" not in err and message in err
 
 
 def test_runs_without_values_are_left_out_and_each_task_gets_its_own_metric(tmp_path):
@@ -248,3 +258,17 @@ def test_plot_draws_one_panel_per_task(tmp_path):
     assert [len(ax.lines) for ax in fig.axes] == [2, 1]
     assert [len(ax.collections) for ax in fig.axes] == [2, 1]
     assert fig._suptitle.get_text() == "paper/mpe"
+
+
+def test_a_row_still_being_written_is_not_read(tmp_path):
+    """The last row of metrics.csv without its line end (a run writing it, or killed in the
+    write) would read as a wrong number: -349.34 cut to -34."""
+    from mappo.experiments.runs import last_logged_step, read_run
+
+    run = _fake_run(tmp_path, 1, [(1000, -200.0), (2000, -150.0)])
+    metrics = run / "metrics.csv"
+    text = metrics.read_text()
+    metrics.write_text(text + text.splitlines()[-1].replace("2000", "3000")[:6])
+    record = read_run(run)
+    assert list(record.columns["env_steps"]) == [950.0, 1000.0, 1950.0, 2000.0]
+    assert last_logged_step(run) == 2000

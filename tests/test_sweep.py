@@ -571,3 +571,16 @@ def test_a_stack_that_fails_runs_its_trials_one_by_one(tmp_path, monkeypatch, ca
     assert "together" not in capsys.readouterr().out
     assert main(["sweep", str(stacked), "--dry-run"]) == 0
     assert "together in one process (2 seeds)" in capsys.readouterr().out
+
+
+def test_a_folder_holding_another_sweep_is_refused(tmp_path):
+    """Its record (sweep.json) would be replaced and its runs reported under the new name."""
+    path = _write_spec(tmp_path, "name: second\npresets: [TINY]\nseeds: 1\n")
+    spec = S.load_spec(str(path), tmp_path / "sw")
+    (tmp_path / "sw").mkdir()
+    record = json.dumps({"name": "first", "trials": []})
+    (tmp_path / "sw" / "sweep.json").write_text(record)
+    with pytest.raises(S.SweepError, match="holds the sweep 'first'; give this sweep"):
+        S.run_sweep(spec, backend="serial")
+    assert (tmp_path / "sw" / "sweep.json").read_text() == record  # untouched
+    assert not list((tmp_path / "sw").glob("tiny"))  # nothing trained

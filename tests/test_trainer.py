@@ -489,3 +489,67 @@ def test_bf16_networks_compute_in_bf16_and_hand_out_float32(recurrent):
     after = list(wide.policy.parameters())
     assert all(p.dtype == torch.float32 for p in after)
     assert any(not torch.equal(a, b) for a, b in zip(after, before, strict=True))
+
+
+def test_nan_from_the_env_late_in_a_run_is_blamed_on_the_env(tmp_path):
+    """An env that returns NaN rewards only after its first outputs (past the early checks)
+    makes the losses NaN: the error says the env did it, not the learning rates."""
+    from toy_env import MatchEnv
+
+    from mappo.envs.registry import register
+    from mappo.trainer import TrainingDiverged
+
+    class LateNaN(MatchEnv):
+        def _step(self, actions):  # noqa: ANN001, ANN202
+            out = super()._step(actions)
+            self.calls = getattr(self, "calls", 0) + 1
+            if self.calls > 20:
+                out.reward = {"agents": out.reward["agents"] * float("nan")}
+            return out
+
+    register("toy/late_nan", LateNaN)
+    cfg = C.load(
+        "mpe/simple_spread",
+        [
+            "env.name=toy/late_nan", "env.num_envs=4", "rollout_length=16", "model.recurrent=none",
+            "total_env_steps=640", "eval_episodes=2", "progress=false", "threads=1",
+            f"run_dir={tmp_path}",
+        ],
+    )  # fmt: skip
+    with pytest.raises(TrainingDiverged, match="the env returned NaN or inf \\(rewards of group"):
+        train(cfg)
+
+
+def test_train_names_the_argument_types_it_takes():
+    with pytest.raises(TypeError, match="give a preset name, a YAML path or a TrainConfig"):
+        train(5)
+    with pytest.raises(TypeError, match="overrides are a dict"):
+        train("mpe/simple_spread", "total_env_steps=10")
+
+
+def test_an_episode_limit_shorter_than_the_episodes_is_an_error_not_a_zero_return(tmp_path):
+    """An evaluation stops after spec.episode_limit steps: an episode still running then would
+    count with a return of 0, so a spec that understates the limit is refused by name."""
+    import dataclasses
+
+    from toy_env import MatchEnv
+
+    from mappo.envs.base import EnvError
+    from mappo.envs.registry import register
+
+    def understated(**kwargs):  # noqa: ANN003, ANN202
+        env = MatchEnv(**kwargs)  # episodes of 6 steps
+        env.spec = dataclasses.replace(env.spec, episode_limit=3)
+        return env
+
+    register("toy/understated", understated)
+    cfg = C.load(
+        "mpe/simple_spread",
+        [
+            "env.name=toy/understated", "env.num_envs=4", "rollout_length=6",
+            "model.recurrent=none", "total_env_steps=48", "eval_episodes=2", "progress=false",
+            "threads=1", f"run_dir={tmp_path}",
+        ],
+    )  # fmt: skip
+    with pytest.raises(EnvError, match="2 of 2 episodes did not end within spec.episode_limit=3"):
+        train(cfg)

@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import errno
 import json
+import math
 import os
 import signal
 import sys
@@ -55,6 +56,25 @@ def _int_at_least(low: int, what: str) -> Callable[[str], int]:
 
 _positive_int = _int_at_least(1, "a positive integer")  # a count of episodes or steps
 _nonnegative_int = _int_at_least(0, "an integer >= 0")
+
+
+def _finite_float(text: str) -> float:
+    """An argparse type: a finite number (a level or a target; nan and inf would be ignored)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0 (a duration)."""
+    value = _finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
 
 
 def _print_summary(summary: dict) -> None:
@@ -524,7 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
             )
             q.add_argument(
                 "--target",
-                type=float,
+                type=_finite_float,
                 help="a level of the metric (e.g. -120): when each seed first reached it, in env "
                 "steps and wall seconds, judged by the mean of --window consecutive evaluations",
             )
@@ -540,7 +560,7 @@ def build_parser() -> argparse.ArgumentParser:
     be = bsub.add_parser("env", help="environment steps per second")
     be.add_argument("--envs", nargs="+", default=["mpe/simple_spread"])
     be.add_argument("--num-envs", nargs="+", type=int, default=[1, 128, 1024, 4096])
-    be.add_argument("--seconds", type=float, default=2.0, help="timing per row")
+    be.add_argument("--seconds", type=_positive_float, default=2.0, help="timing per row")
     be.add_argument("--device", default="cpu")
     be.add_argument("--no-pettingzoo", action="store_true", help="skip the mpe2 reference row")
     be.add_argument(

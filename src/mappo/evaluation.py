@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mappo.acting import Acting, act
-from mappo.envs.base import BatchedEnv
+from mappo.envs.base import BatchedEnv, EnvError
 
 
 @torch.no_grad()
@@ -46,6 +46,14 @@ def evaluate(
         starts = step.done
         if bool(finished.all()):
             break
+    if not bool(finished.all()):
+        # an unfinished episode would be counted with a return of 0: a spec that understates
+        # the episode length gives silently wrong results
+        raise EnvError(
+            f"{env.name}: {int((~finished).sum())} of {E} episodes did not end within "
+            f"spec.episode_limit={env.spec.episode_limit} steps; set episode_limit to the "
+            "longest episode the env can play (and end every episode by then)"
+        )
     out = {
         "eval_return_mean": float(final_returns.mean()),
         "eval_return_std": float(final_returns.std(unbiased=False)),

@@ -247,12 +247,32 @@ class Trainer:
             if self.last_checkpoint is not None
             else "no checkpoint was written before it"
         )
+        source = self._nonfinite_rollout()
+        if source is not None:
+            # not the optimiser: lower learning rates cannot help
+            raise TrainingDiverged(
+                f"{self.error_prefix}training diverged in update {self.iteration} (env step "
+                f"{self.env_steps:,}): {what}, because the env returned NaN or inf ({source}) "
+                f"in this iteration's rollout; {kept}. Fix the env's outputs"
+            )
         raise TrainingDiverged(
             f"{self.error_prefix}training diverged in update {self.iteration} "
             f"(env step {self.env_steps:,}): "
             f"{what}; {kept}. Lower the learning rates (or set max_grad_norm) and resume or "
             "start again"
         )
+
+    def _nonfinite_rollout(self) -> str | None:
+        """Which of the last rollout's observations or rewards hold NaN or inf (``"obs of
+        group 'g'"``), where the learner keeps such a rollout (MAPPO's); else None."""
+        rollout = getattr(getattr(self.learner, "collector", None), "rollout", None)
+        for name, buf in getattr(rollout, "groups", {}).items():
+            for part in ("obs", "rewards"):
+                x = getattr(buf, part, None)
+                if isinstance(x, torch.Tensor) and x.is_floating_point():
+                    if not bool(x.isfinite().all()):
+                        return f"{part} of group '{name}'"
+        return None
 
     def close(self) -> None:
         """Release the environments' resources (worker processes of adapted envs)."""
@@ -451,6 +471,19 @@ def train(
 
 def _load(cfg: TrainConfig | str, overrides: list[str] | dict[str, Any] | None) -> TrainConfig:
     """A preset name, YAML path or config with ``overrides`` applied, checked."""
+    if not isinstance(cfg, str | os.PathLike | TrainConfig):
+        raise TypeError(
+            f"give a preset name, a YAML path or a TrainConfig, got {type(cfg).__name__}"
+        )
+    if overrides is not None and not isinstance(overrides, list | tuple | dict):
+        raise TypeError(
+            "overrides are a dict ({'algo.epochs': 5}) or a list (['algo.epochs=5']), got "
+            f"{type(overrides).__name__}"
+        )
+    if isinstance(overrides, tuple):
+        overrides = list(overrides)
+    if isinstance(cfg, os.PathLike):
+        cfg = os.fspath(cfg)
     if isinstance(cfg, str):
         return config_mod.load(cfg, overrides)
     if overrides:

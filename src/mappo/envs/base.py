@@ -125,6 +125,7 @@ class BatchedEnv(abc.ABC):
             if masks:
                 self.check_action_masks(actions, masks)
         result = self._step(actions)
+        _check_early_output(self, result, "step")
         self._last_action_mask = result.action_mask
         return result
 
@@ -285,8 +286,87 @@ def _remember_masks(fn: Any) -> Any:
     @functools.wraps(fn)
     def wrapper(self: BatchedEnv, *args: Any, **kwargs: Any) -> EnvStep:
         result = fn(self, *args, **kwargs)
+        _check_early_output(self, result, fn.__name__)
         if isinstance(result, EnvStep):
             self._last_action_mask = result.action_mask
         return result
 
     return wrapper
+
+
+OUTPUT_CHECKS = 8
+"""How many outputs (of ``reset``, ``set_state`` and ``step``, together) of an env written
+outside this library :func:`check_output` checks: a mistake in a new env shows on its first
+steps, and later steps then cost nothing. The library's own envs are tested instead."""
+
+
+def _check_early_output(env: BatchedEnv, step: Any, method: str) -> None:
+    """:func:`check_output` on the first :data:`OUTPUT_CHECKS` outputs of a user's env."""
+    if type(env).__module__.split(".")[0] == "mappo":
+        return
+    done = env.__dict__.get("_outputs_checked", 0)
+    if done < OUTPUT_CHECKS:
+        env.__dict__["_outputs_checked"] = done + 1
+        check_output(env, step, method)
+
+
+def check_output(env: BatchedEnv, step: Any, method: str = "step") -> None:
+    """Check an :class:`EnvStep` that ``env.<method>`` returned against ``env.spec``: the groups,
+    every tensor's shape and dtype, finite observations, state and rewards, and at least one
+    allowed action (in every head) for every alive agent with a mask. Raises
+    :class:`EnvError` naming the env, the field, what it holds and what the spec asks for.
+    Called on the first outputs of envs written outside this library; call it on yours too."""
+    name = f"{env.name}: {method}()"
+    if not isinstance(step, EnvStep):
+        raise EnvError(f"{name} must return an EnvStep, got {type(step).__name__}")
+    spec, e = env.spec, env.num_envs
+    byte_obs = bool(getattr(env, "byte_observations", False))
+    floats = {torch.float32, torch.get_default_dtype()} | ({torch.uint8} if byte_obs else set())
+
+    def tensor(field: str, value: Any, shape: tuple[int, ...], kinds: set[torch.dtype]) -> None:
+        if not isinstance(value, Tensor):
+            raise EnvError(f"{name}: {field} must be a tensor, got {type(value).__name__}")
+        if tuple(value.shape) != shape:
+            raise EnvError(
+                f"{name}: {field} has shape {list(value.shape)}, the spec asks for {list(shape)}"
+            )
+        if value.dtype not in kinds:
+            wanted = " or ".join(sorted(str(k).removeprefix("torch.") for k in kinds))
+            raise EnvError(f"{name}: {field} has dtype {value.dtype}, expected {wanted}")
+        if value.is_floating_point() and not bool(value.isfinite().all()):
+            raise EnvError(f"{name}: {field} holds NaN or inf")
+
+    for part in ("obs", "reward", "alive"):
+        got = set(getattr(step, part))
+        if got != set(spec.groups):
+            raise EnvError(
+                f"{name}: {part} has the groups {sorted(got)}, the spec's are {sorted(spec.groups)}"
+            )
+    tensor("state", step.state, (e, *spec.state_shape), floats)
+    tensor("terminated", step.terminated, (e,), {torch.bool})
+    tensor("truncated", step.truncated, (e,), {torch.bool})
+    for g, gs in spec.groups.items():
+        n = gs.num_agents
+        tensor(f"obs['{g}']", step.obs[g], (e, n, *gs.obs_shape), floats)
+        tensor(f"reward['{g}']", step.reward[g], (e, n), {torch.float32, torch.get_default_dtype()})
+        tensor(f"alive['{g}']", step.alive[g], (e, n), {torch.bool})
+        if gs.agent_state_shape is not None and g in step.agent_state:
+            tensor(
+                f"agent_state['{g}']", step.agent_state[g], (e, n, *gs.agent_state_shape), floats
+            )
+        if not gs.has_action_mask:
+            continue
+        if g not in step.action_mask:
+            raise EnvError(f"{name}: action_mask has no '{g}', whose spec says has_action_mask")
+        mask = step.action_mask[g]
+        tensor(f"action_mask['{g}']", mask, (e, n, gs.action.total), {torch.bool})
+        start = 0
+        for size in gs.action.nvec:
+            allowed = mask[..., start : start + size].any(-1) | ~step.alive[g]
+            if not bool(allowed.all()):
+                env_i, agent = (int(i) for i in (~allowed).nonzero()[0])
+                raise EnvError(
+                    f"{name}: action_mask['{g}'] allows no action for alive agent {agent} of env "
+                    f"{env_i}; allow at least one (a no-op), or mark the agent not alive"
+                )
+            start += size

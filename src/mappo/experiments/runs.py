@@ -9,6 +9,7 @@ keys that do not change what is learned (threads, device, logging, the budget...
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import warnings
@@ -128,14 +129,22 @@ def _float(text: str) -> float:
         return math.nan
 
 
+def _complete_rows(path: Path) -> str:
+    """The text of ``path`` up to its last line end: a row without its line end is one being
+    written (a run still training, or killed in the write), and half a number would read as a
+    wrong one."""
+    with path.open(newline="", encoding="utf-8") as f:
+        text = f.read()
+    return text[: text.rfind("\n") + 1]
+
+
 def read_run(path: Path) -> RunRecord:
     """One run directory: ``config.yaml`` (safe YAML), ``metrics.csv`` and ``summary.json``."""
     try:
         data = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8")) or {}
-        with (path / "metrics.csv").open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            names = list(reader.fieldnames or [])
-            rows = list(reader)
+        reader = csv.DictReader(io.StringIO(_complete_rows(path / "metrics.csv"), newline=""))
+        names = list(reader.fieldnames or [])
+        rows = list(reader)
     except (OSError, UnicodeDecodeError, yaml.YAMLError, csv.Error) as err:
         raise ResultsError(f"cannot read run '{path}': {err}") from None
     if not isinstance(data, dict) or "env_steps" not in names:
@@ -158,8 +167,7 @@ def read_run(path: Path) -> RunRecord:
 def last_logged_step(path: Path) -> int | None:
     """The env step of the last row of ``path/metrics.csv`` (None without a readable row)."""
     try:
-        with (path / "metrics.csv").open(newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
+        rows = list(csv.DictReader(io.StringIO(_complete_rows(path / "metrics.csv"), newline="")))
         return int(float(rows[-1]["env_steps"]))
     except (OSError, UnicodeDecodeError, csv.Error, IndexError, KeyError, TypeError, ValueError):
         return None

@@ -618,9 +618,24 @@ def run_sweep(
     from mappo.trainer import hold_lock
 
     root = sweep_root(spec)
+    _check_same_sweep(spec, root)
     root.mkdir(parents=True, exist_ok=True)
     with hold_lock(root, "sweep"):
         return _run_locked(spec, root, backend, address, max_concurrent, stream)
+
+
+def _check_same_sweep(spec: SweepSpec, root: Path) -> None:
+    """Refuse a sweep directory that holds another sweep (its ``sweep.json`` names another):
+    its record would be replaced and its runs reported under this sweep's name."""
+    try:
+        earlier = json.loads((root / "sweep.json").read_text()).get("name")
+    except (OSError, ValueError, AttributeError):
+        return  # no sweep there yet, or no readable record of one
+    if isinstance(earlier, str) and earlier != spec.name:
+        raise SweepError(
+            f"'{root}' holds the sweep '{earlier}'; give this sweep ('{spec.name}') another "
+            "--dir, or run that sweep's own spec there"
+        )
 
 
 def _run_locked(

@@ -366,7 +366,18 @@ class ParallelEnvAdapter(BatchedEnv):
                 except ValueError as err:
                     raise EnvError(f"{self.name}: {err}") from None
                 descs[agent] = {"desc": desc, "obs_space": obs_space, "act_space": act_space}
-            obs, infos = probe.reset(seed=seed)
+            try:
+                first = probe.reset(seed=seed)
+            except Exception as err:
+                raise EnvError(
+                    f"{self.name}: the environment's reset() raised {type(err).__name__}: {err}"
+                ) from err
+            if not (isinstance(first, tuple) and len(first) == 2 and isinstance(first[0], dict)):
+                raise EnvError(
+                    f"{self.name}: reset() must return (observations, infos), dicts keyed by "
+                    f"agent as in PettingZoo's parallel API; got {type(first).__name__}"
+                )
+            obs, infos = first
             for agent in agents:
                 info = infos.get(agent) if isinstance(infos, dict) else None
                 desc = descs[agent]["desc"]
@@ -381,14 +392,23 @@ class ParallelEnvAdapter(BatchedEnv):
                 env_state = np.asarray(probe.state(), dtype=np.float32).reshape(-1)
             except (NotImplementedError, AttributeError):
                 env_state = None
-            joined = np.concatenate(
-                [
-                    _worker.flat_observation(descs[a]["desc"], obs[a])
-                    if a in obs
-                    else np.zeros(descs[a]["desc"]["obs_dim"], np.float32)
-                    for a in agents
-                ]
-            )
+            except Exception as err:
+                raise EnvError(
+                    f"{self.name}: the environment's state() raised {type(err).__name__}: {err}"
+                ) from err
+            parts = []
+            for a in agents:
+                if a not in obs:
+                    parts.append(np.zeros(descs[a]["desc"]["obs_dim"], np.float32))
+                    continue
+                try:
+                    parts.append(_worker.flat_observation(descs[a]["desc"], obs[a]))
+                except (TypeError, ValueError) as err:
+                    raise EnvError(
+                        f"{self.name}: the observation of agent '{a}' after reset() does not "
+                        f"fit its observation space ({err})"
+                    ) from err
+            joined = np.concatenate(parts)
             limit = episode_limit or _worker.infer_episode_limit(probe)
             env_stats = getattr(probe, "episode_stats", ())
         finally:
