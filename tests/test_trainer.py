@@ -267,6 +267,18 @@ def test_load_policy_acts_outside_training(tmp_path):
     assert single["agents"].shape == (2, 2)
     with pytest.raises(ValueError, match="group 'agents' have shape"):
         policy.act({"agents": torch.zeros(3, 2, 7)})
+    obs = step.obs["agents"]
+    for call, error, message in [
+        (lambda: policy.act(obs), TypeError, "observations must be a dict of arrays"),
+        (lambda: policy.act(None), TypeError, "observations must be a dict"),
+        (lambda: policy.act({"agents": obs * float("nan")}), ValueError, "hold NaN or inf"),
+        (lambda: policy.act(step.obs, {"agnts": torch.ones(3, 2, 1)}), ValueError, "'agnts'"),
+        (lambda: policy.act(step.obs, starts=[True, False]), ValueError, "one flag per env"),
+        (lambda: policy.act(step.obs, deterministic="no"), TypeError, "True or False"),
+        (lambda: policy.act(step.obs, generator=5), TypeError, "torch.Generator"),
+    ]:
+        with pytest.raises(error, match=message):
+            call()
     # Greedy actions match the trained model's mode.
     dist, _ = run.policy.actors["agents"](
         step.obs["agents"].unsqueeze(0),

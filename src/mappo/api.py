@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,15 @@ class Policy:
             observations, action_mask = step.obs, step.action_mask
             if starts is None and step.final_obs is not None:
                 starts = step.done
+        if not isinstance(deterministic, bool):
+            raise TypeError(f"deterministic must be True or False, got {deterministic!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+        if not isinstance(observations, Mapping):
+            raise TypeError(
+                "observations must be a dict of arrays, one per group "
+                f"{list(self.spec.groups)} (or an EnvStep), got {type(observations).__name__}"
+            )
         if set(observations) != set(self.spec.groups):
             raise ValueError(
                 f"observations must have one entry per group {list(self.spec.groups)}, got "
@@ -79,6 +89,8 @@ class Policy:
                     f"observations for group '{name}' have shape {tuple(x.shape)}, expected "
                     f"[num_envs, {group.num_agents}, {', '.join(map(str, group.obs_shape))}]"
                 )
+            if not bool(x.isfinite().all()):
+                raise ValueError(f"observations for group '{name}' hold NaN or inf")
             obs[name] = x
         E = next(iter(obs.values())).shape[0]
         if self._states is None or next(iter(self._states.values())).shape[0] != E:
@@ -87,12 +99,27 @@ class Policy:
         elif starts is None:
             starts_t = torch.zeros(E, dtype=torch.bool, device=self.device)
         else:
-            starts_t = torch.as_tensor(starts, dtype=torch.bool, device=self.device).reshape(E)
+            starts_t = torch.as_tensor(starts, dtype=torch.bool, device=self.device)
+            if starts_t.numel() != E:
+                raise ValueError(f"starts must hold one flag per env ({E}), got {starts_t.numel()}")
+            starts_t = starts_t.reshape(E)
         masks = {}
-        for name in self.spec.groups:
+        unknown = sorted(set(action_mask or {}) - set(self.spec.groups))
+        if unknown:
+            raise ValueError(
+                f"action_mask has groups {unknown} this policy does not know; its groups are "
+                f"{list(self.spec.groups)}"
+            )
+        for name, group in self.spec.groups.items():
             if action_mask is not None and name in action_mask:
                 mask = torch.as_tensor(action_mask[name], dtype=torch.bool, device=self.device)
-                masks[name] = mask.reshape(E, *mask.shape[-2:])
+                want = (E, group.num_agents, group.action.total)
+                if mask.numel() != E * group.num_agents * group.action.total:
+                    raise ValueError(
+                        f"action_mask for group '{name}' has shape {tuple(mask.shape)}, expected "
+                        f"[{', '.join(map(str, want if not single else want[1:]))}]"
+                    )
+                masks[name] = mask.reshape(want)
         acted = act(self.model, obs, masks, self._states, starts_t, deterministic, generator)
         self._states = acted.states
         return {name: a[0] if single else a for name, a in acted.env_actions.items()}
