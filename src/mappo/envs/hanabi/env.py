@@ -64,6 +64,14 @@ MOVE_KINDS = ("discards", "plays", "hints")
 """The episode statistics counting a game's moves by kind, in the order of the move uids."""
 
 
+def _whole_numbers(x: Tensor) -> bool:
+    """Whether ``x`` holds integers: an integer dtype, or finite floats without a fraction (not
+    flags, not complex numbers)."""
+    if x.dtype == torch.bool or x.is_complex():
+        return False
+    return not x.is_floating_point() or bool((x.isfinite() & (x == x.round())).all())
+
+
 class HanabiEnv(BatchedEnv):
     """``num_envs`` Hanabi games of ``rules``; one group ``players`` of ``P`` agents."""
 
@@ -153,14 +161,7 @@ class HanabiEnv(BatchedEnv):
             decks = torch.as_tensor(decks, device=self.device)
         except (TypeError, ValueError, RuntimeError) as err:
             raise EnvError(f"{self.name}: decks must be an integer tensor or array: {err}") from err
-        if (
-            decks.dtype == torch.bool
-            or decks.is_complex()
-            or (
-                decks.is_floating_point()
-                and not bool((decks.isfinite() & (decks == decks.round())).all())
-            )
-        ):
+        if not _whole_numbers(decks):
             raise EnvError(f"{self.name}: decks must hold whole card ids, got {decks.dtype}")
         # a copy: the games must not share memory with the caller's tensor
         decks = decks.long().clone()
@@ -332,11 +333,7 @@ class HanabiEnv(BatchedEnv):
             if target.dtype == torch.bool:
                 if v.dtype != torch.bool and v.numel() and not bool(((v == 0) | (v == 1)).all()):
                     raise EnvError(f"{self.name}: state['{k}'] must hold flags (0/1 or bool)")
-            elif (
-                v.dtype == torch.bool
-                or v.is_complex()
-                or (v.is_floating_point() and not bool((v.isfinite() & (v == v.round())).all()))
-            ):
+            elif not _whole_numbers(v):
                 raise EnvError(f"{self.name}: state['{k}'] must hold whole numbers ({v.dtype})")
             lo, hi = limits.get(k, (None, None))
             if lo is not None and v.numel():
