@@ -65,6 +65,12 @@ def buffer_step_bytes(spec: EnvSpec, byte_observations: bool = False) -> int:
     return total
 
 
+def _eval_episode_bytes(spec: EnvSpec, state_bytes: int) -> int:
+    """Estimated bytes of one evaluation episode played in an env of its own: the env's state
+    and two steps of outputs."""
+    return state_bytes + 2 * step_bytes(spec)
+
+
 def estimate_bytes(
     cfg: Any, spec: EnvSpec, state_bytes: int, byte_observations: bool = False
 ) -> dict[str, int]:
@@ -72,7 +78,6 @@ def estimate_bytes(
     ..., "algo.buffer_size": ...}`` (the keys name the config field that sizes each part).
     ``byte_observations``: the env's declaration (:class:`~mappo.envs.base.BatchedEnv`), with
     which MAPPO's rollout and the replay buffer keep observations and states in a byte each."""
-    step = step_bytes(spec)
     episode = (spec.episode_limit + 1) * buffer_step_bytes(spec)
     num_envs = cfg.env.num_envs
     if cfg.family == "ppo":
@@ -82,7 +87,7 @@ def estimate_bytes(
         train = num_envs * (state_bytes + 2 * episode)
     parts = {
         "env.num_envs": train,
-        "eval_episodes": cfg.eval_episodes * (state_bytes + 2 * step),
+        "eval_episodes": cfg.eval_episodes * _eval_episode_bytes(spec, state_bytes),
     }
     buffer_size = getattr(cfg.algo, "buffer_size", 0) if cfg.family == "value" else 0
     if buffer_size:
@@ -153,10 +158,11 @@ def evaluation_memory_problem(
     ``mappo eval`` plays them) would exceed the free memory, else None."""
     if free is None:
         return None
-    need = episodes * (state_bytes + 2 * step_bytes(spec))
+    each = _eval_episode_bytes(spec, state_bytes)
+    need = episodes * each
     if need <= _USABLE * free:
         return None
-    fits = max(int(_USABLE * free) // max(state_bytes + 2 * step_bytes(spec), 1), 1)
+    fits = max(int(_USABLE * free) // max(each, 1), 1)
     return (
         f"evaluating {episodes:,} episodes at once needs about {format_bytes(need)} of memory "
         f"(an estimate) but {format_bytes(free)} is free on {device}; lower --episodes (about "
