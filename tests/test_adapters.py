@@ -584,7 +584,7 @@ def test_unknown_modules_are_reported_plainly() -> None:
         make("pettingzoo:no_such_package_xyz.env_v0", num_envs=1, num_workers=0)
     assert str(info.value) == (
         "pettingzoo:no_such_package_xyz.env_v0: module 'no_such_package_xyz' is not importable; "
-        "is its folder on PYTHONPATH, or is it installed?"
+        "is its folder on PYTHONPATH (or the current directory), or is it installed?"
     )
     with pytest.raises(EnvError) as info:
         make("gymnasium:no_such_package_xyz:Thing-v0", num_envs=1, num_workers=0)
@@ -622,7 +622,7 @@ def test_a_user_module_off_the_path_asks_about_pythonpath(
         make("pettingzoo:my_env_ok", num_envs=1, num_workers=0)
     assert str(info.value) == (
         "pettingzoo:my_env_ok: module 'my_env_ok' is not importable; is its folder on "
-        "PYTHONPATH, or is it installed?"
+        "PYTHONPATH (or the current directory), or is it installed?"
     )
     monkeypatch.syspath_prepend(str(user_modules))  # the fix the message names
     env = make("pettingzoo:my_env_ok", num_envs=1, num_workers=0)

@@ -377,7 +377,7 @@ CASES = [
     Case(
         "resume-not-a-run",
         lambda c: ["train", "--resume", str(c.tmp)],
-        "a mappo run directory?",
+        "is not a run directory but holds a run below it; give one run directory, e.g.",
     ),
     Case(
         "resume-unknown-key",

@@ -120,7 +120,8 @@ def test_an_env_that_cannot_render_is_one_clear_error(env_class: type, reason: s
     with pytest.raises(EnvError) as info:
         record_episode(env, num_steps=3)
     assert str(info.value) == (
-        f"environment 'toy/match' cannot render frames ({reason}); evaluate without --gif"
+        f"environment 'toy/match' cannot render frames ({reason}); no GIF can be made of it "
+        "(mappo eval works without --gif)"
     )
 
 
@@ -142,6 +143,6 @@ def test_an_adapter_env_cannot_render(tmp_path: Path, capsys: pytest.CaptureFixt
     assert err == (
         "mappo: error: environment 'pettingzoo:test_adapter_envs:TinyEnv' cannot render frames "
         "(the wrapped environment does not draw: its render() is not implemented); "
-        "evaluate without --gif\n"
+        "no GIF can be made of it (mappo eval works without --gif)\n"
     )
     assert not gif.exists()

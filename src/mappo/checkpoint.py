@@ -164,7 +164,49 @@ def _no_checkpoint_message(run_dir: Path) -> str:
             f"'{run_dir}' is a run's checkpoints folder: give the run directory "
             f"'{run_dir.parent}' (or one checkpoint file in this folder)"
         )
+    below = _runs_below(run_dir)
+    if below:
+        newest = max(below, key=lambda d: d.stat().st_mtime)
+        count = f"{len(below)} runs" if len(below) > 1 else "a run"
+        return (
+            f"'{run_dir}' is not a run directory but holds {count} below it; give one run "
+            f"directory, e.g. '{newest}'"
+        )
     return f"no checkpoint in '{run_dir / 'checkpoints'}'; is '{run_dir}' a mappo run directory?"
+
+
+RUNS_BELOW_DEPTH = 6
+"""How deep :func:`_runs_below` looks: ``runs/<task>/<algo>/<time>_seed<k>``, with a task name
+of up to three parts (``python/my_envs/MyEnv``), and one folder above ``runs``."""
+RUNS_BELOW_FOLDERS = 2_000
+"""How many folders :func:`_runs_below` visits at most (a home directory given by mistake
+must not turn an error message into a long search)."""
+
+
+def _runs_below(folder: Path) -> list[Path]:
+    """Run directories (a ``checkpoints`` folder holding ``iter_*.pt``) below ``folder``,
+    breadth first to :data:`RUNS_BELOW_DEPTH` levels, for the hint of a user who named a folder
+    of runs instead of one run."""
+    found: list[Path] = []
+    level, visited = [folder], 0
+    for _ in range(RUNS_BELOW_DEPTH + 1):
+        below: list[Path] = []
+        for path in level:
+            visited += 1
+            if visited > RUNS_BELOW_FOLDERS:
+                return found
+            if path is not folder and path.name == "checkpoints":
+                if _checkpoint_files(path.parent):
+                    found.append(path.parent)
+                continue
+            try:
+                below += sorted(
+                    p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")
+                )
+            except OSError:  # unreadable folders are not searched
+                continue
+        level = below
+    return found
 
 
 def load_latest(run_dir: str | Path) -> tuple[Path, dict[str, Any]]:

@@ -439,6 +439,27 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_import(parser: argparse.ArgumentParser) -> None:
+    """``--import MODULE``: modules of the user's that register environments, imported first."""
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import this module first, for the environments it registers with "
+        "mappo.envs.register (repeatable; the current directory is searched too)",
+    )
+
+
+def _import_modules(args: argparse.Namespace) -> None:
+    """Import the ``--import`` modules; one that cannot be imported is an EnvError."""
+    from mappo.envs.importing import require_module
+
+    for module in getattr(args, "imports", []):
+        require_module(f"--import {module}", module)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="mappo", description="Multi-agent PPO: train, evaluate, render, benchmark.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -453,6 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="continue a run from its last checkpoint (several run directories: seeds of one "
         "configuration continue together in one process)",
     )
+    _add_import(t)
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("eval", help="evaluate a trained run or checkpoint")
@@ -472,6 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
         "or hanabi/<variant> (play what hints prove playable, hint playable cards, discard "
         "the oldest unhinted card)",
     )
+    _add_import(e)
     e.set_defaults(func=cmd_eval)
 
     r = sub.add_parser("render", help="render an episode of random actions to a GIF")
@@ -480,10 +503,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--gif", type=Path, required=True)
     r.add_argument("--steps", type=_positive_int, default=None, help="steps (default: one episode)")
     r.add_argument("--seed", type=int, default=0)
+    _add_import(r)
     r.set_defaults(func=cmd_render)
 
     ls = sub.add_parser("list", help="presets and environments")
     ls.add_argument("--keys", action="store_true", help="list every config key instead")
+    _add_import(ls)
     ls.set_defaults(func=cmd_list)
 
     sw = sub.add_parser(
@@ -584,6 +609,7 @@ def build_parser() -> argparse.ArgumentParser:
         "where it builds); several give a row each",
     )
     be.add_argument("--json", action="store_true")
+    _add_import(be)
     be.set_defaults(func=cmd_bench_env)
     bt = bsub.add_parser("train", help="training steps per second of a preset")
     bt.add_argument("config", nargs="?", default="mpe/simple_spread")
@@ -591,6 +617,7 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("--iterations", type=_positive_int, default=5)
     bt.add_argument("--warmup", type=_nonnegative_int, default=1, metavar="N")
     bt.add_argument("--json", action="store_true")
+    _add_import(bt)
     bt.set_defaults(func=cmd_bench_train)
     return p
 
@@ -622,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.showwarning = _show_warning
     try:
+        _import_modules(args)
         return args.func(args)
     except (config_mod.ConfigError, EnvError, CheckpointError, MetricsError, ResultsError) as err:
         _error(err)

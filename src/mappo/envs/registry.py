@@ -2,7 +2,8 @@
 
 Built-in environments register a name such as ``mpe/simple_spread`` or ``smac/3m``. Names with a
 scheme prefix (``pettingzoo:mpe2.simple_spread_v3``, ``gymnasium:lbforaging:Foraging-8x8-2p-2f-v3``)
-are resolved by the adapter registered for that scheme.
+are resolved by the adapter registered for that scheme; ``python:my_envs:MyEnv`` builds a
+batched env of the user's own from its import path (:mod:`mappo.envs.by_path`).
 """
 
 from __future__ import annotations
@@ -93,10 +94,16 @@ def make(
         return _SCHEMES[scheme](target, num_envs=num_envs, device=device, seed=seed, **kwargs)
     if name not in _ENVS:
         close = difflib.get_close_matches(name, list(_ENVS), n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise EnvError(
-            f"unknown environment '{name}'{hint} (`mappo list` shows the available ones)"
-        )
+        if close:
+            hint = f"; did you mean '{close[0]}'? (`mappo list` shows the available ones)"
+        else:
+            # Most often an env of the user's own, registered by code this process never ran.
+            hint = (
+                " (`mappo list` shows the available ones); an env of your own is named by its "
+                "import path, python:<module>:<class>, or registered by a module that "
+                "`mappo ... --import <module>` loads first"
+            )
+        raise EnvError(f"unknown environment '{name}'{hint}")
     try:
         return _ENVS[name].factory(num_envs=num_envs, device=device, seed=seed, **kwargs)
     except TypeError as err:
@@ -132,6 +139,7 @@ def _load_builtin() -> None:
         "mappo.envs.vmas",
         "mappo.envs.adapters",
         "mappo.envs.football",
+        "mappo.envs.by_path",
     ):
         try:
             importlib.import_module(module)

@@ -139,7 +139,8 @@ def _cannot_render(env: BatchedEnv, reason: str) -> EnvError:
     the CLI's message stays one line."""
     first_line = reason.strip().splitlines()[0]
     return EnvError(
-        f"environment '{env.name}' cannot render frames ({first_line}); evaluate without --gif"
+        f"environment '{env.name}' cannot render frames ({first_line}); no GIF can be made of "
+        "it (mappo eval works without --gif)"
     )
 
 

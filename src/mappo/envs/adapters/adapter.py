@@ -38,8 +38,6 @@ observations come back to ``device`` once per step, as one copy per array.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 import re
 import traceback
@@ -59,6 +57,7 @@ from mappo.envs.adapters.pool import (
     default_start_method,
 )
 from mappo.envs.base import ActionSpec, BatchedEnv, EnvError, EnvSpec, EnvStep, GroupSpec
+from mappo.envs.importing import one_line, require_module
 
 ADAPTER_OPTIONS = frozenset(
     {
@@ -297,7 +296,7 @@ class ParallelEnvAdapter(BatchedEnv):
             raise
         except Exception as err:  # the same, in this process
             raise EnvError(
-                f"{self.name}: render() of copy {env_index} raised {_one_line(err)}"
+                f"{self.name}: render() of copy {env_index} raised {one_line(err)}"
             ) from err
         if frame is None:
             raise NotImplementedError(
@@ -672,54 +671,9 @@ def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
 
 
 def _require(env_name: str, module: str) -> None:
-    """Import ``module`` or raise :class:`EnvError` in one line saying why it failed.
-
-    Only the packages of the project's extras (:data:`EXTRAS`) get an install command: for any
-    other name, ``pip install <name>`` could fetch an unrelated package of the same name from
-    PyPI, while the usual cause is a module of the user's own that is not on ``PYTHONPATH``.
-    """
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        missing = err.name or module
-        top = missing.split(".")[0]
-        extra = EXTRAS.get(top)
-        if extra is not None and importlib.util.find_spec(top) is None:
-            raise EnvError(
-                f"{env_name} needs the Python package '{top}', which is not installed; "
-                f"install it with `pip install 'mappo[{extra}]'`"
-            ) from err
-        if not _is_part_of(missing, module):
-            # The module was found, but something it imports was not.
-            raise EnvError(
-                f"{env_name}: importing module '{module}' raised {_one_line(err)}; fix that "
-                "import in the module or install what it needs"
-            ) from err
-        if top != missing and importlib.util.find_spec(top) is not None:
-            raise EnvError(
-                f"{env_name}: there is no module '{missing}' in package '{top}'; check the name"
-            ) from err
-        raise EnvError(
-            f"{env_name}: module '{missing}' is not importable; is its folder on PYTHONPATH, "
-            "or is it installed?"
-        ) from err
-    except Exception as err:  # the module exists but raises on import (also SyntaxError)
-        raise EnvError(
-            f"{env_name}: importing module '{module}' raised {_one_line(err)}; fix the error in "
-            "that module"
-        ) from err
-
-
-def _is_part_of(missing: str, module: str) -> bool:
-    """Whether ``missing`` is ``module`` or one of its parent packages (``a`` or ``a.b`` for
-    ``a.b.c``), i.e. the module itself was not found rather than one of its imports."""
-    return module == missing or module.startswith(missing + ".")
-
-
-def _one_line(err: BaseException) -> str:
-    """``Type: first line of the message``: an error named in one line, without traceback."""
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+    """Import ``module`` or raise :class:`EnvError` in one line saying why it failed (the
+    packages of the project's extras, :data:`EXTRAS`, with their install command)."""
+    require_module(env_name, module, EXTRAS)
 
 
 # -- groups and spec ------------------------------------------------------------------------------

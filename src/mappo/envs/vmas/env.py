@@ -63,6 +63,7 @@ import torch
 from torch import Tensor
 
 from mappo.envs.base import ActionSpec, BatchedEnv, EnvError, EnvSpec, EnvStep, GroupSpec
+from mappo.envs.importing import one_line
 
 DEFAULT_MAX_STEPS = 100
 """Episode limit of a scenario without an entry in :data:`MAX_STEPS`."""
@@ -206,7 +207,7 @@ class VmasEnv(BatchedEnv):
             except (AssertionError, ValueError, KeyError) as err:
                 raise EnvError(
                     f"{self.name}: VMAS rejected the scenario parameters {scenario_kwargs}: "
-                    f"{_one_line(err)}"
+                    f"{one_line(err)}"
                 ) from err
         self._vmas_agents = [agent.name for agent in self._env.agents]
         self.spec = self._make_spec(groups)
@@ -327,7 +328,7 @@ class VmasEnv(BatchedEnv):
                 )
         except Exception as err:  # pyglet raises its own types (no display, no OpenGL)
             raise EnvError(
-                f"{self.name}: VMAS cannot render without a display here ({_one_line(err)}); "
+                f"{self.name}: VMAS cannot render without a display here ({one_line(err)}); "
                 "install EGL (e.g. apt-get install libegl1) or run under a virtual display: "
                 "`xvfb-run -a python ...`"
             ) from err
@@ -789,9 +790,3 @@ def _letterbox(frame: np.ndarray, size: int) -> np.ndarray:
     canvas = Image.new("RGB", (size, size), (255, 255, 255))
     canvas.paste(image, ((size - new_w) // 2, (size - new_h) // 2))
     return np.asarray(canvas, dtype=np.uint8)
-
-
-def _one_line(err: BaseException) -> str:
-    """``Type: first line of the message``."""
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
