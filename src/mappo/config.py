@@ -98,7 +98,8 @@ class ModelConfig:
         "Arithmetic of the actor and critic networks: 'fp32', or 'bf16' (their matrix products "
         "in bfloat16 under torch.autocast; parameters, optimiser, outputs and losses stay "
         "float32). bf16 is faster where the hardware computes it natively (GPUs since Ampere, "
-        "CPUs with AMX or AVX512-BF16) and slower elsewhere. MAPPO/IPPO only.",
+        "CPUs with AMX or AVX512-BF16) and many times slower elsewhere (a run there warns). "
+        "MAPPO/IPPO only.",
         choices=("fp32", "bf16"),
     )
 

@@ -113,6 +113,20 @@ def available_bytes(device: torch.device) -> int | None:
         return None
 
 
+def bf16_is_emulated(device: torch.device) -> bool:
+    """Whether bfloat16 matrix products on ``device`` are emulated in float32 arithmetic: a CPU
+    with neither AMX tiles nor AVX512-BF16 (an AVX2 CPU ran ``hanabi/full-2p_fast``'s update
+    18x slower in bf16 than in float32). GPUs and CPUs torch cannot query count as native."""
+    if device.type != "cpu":
+        return False
+    probes = [
+        getattr(torch.cpu, n, None) for n in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    ]
+    if any(probe is None for probe in probes):
+        return False
+    return not any(probe() for probe in probes)
+
+
 def format_bytes(n: float) -> str:
     """``1536`` -> ``"1.5 KB"`` (powers of 1024)."""
     for unit in ("B", "KB", "MB", "GB", "TB"):

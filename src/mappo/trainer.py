@@ -46,6 +46,7 @@ from mappo.logging import MetricsLogger, ProgressBar
 from mappo.resources import (
     ThreadGovernor,
     available_bytes,
+    bf16_is_emulated,
     env_state_bytes,
     evaluation_memory_problem,
     memory_problem,
@@ -133,6 +134,13 @@ class Trainer:
         ):
             self.governor = ThreadGovernor()
         device = config_mod.check_device(cfg.device)
+        if cfg.model.precision == "bf16" and bf16_is_emulated(device):
+            warnings.warn(
+                "model.precision=bf16 on a CPU without AMX or AVX512-BF16: torch emulates "
+                "bfloat16 products here, many times slower than float32; set "
+                "model.precision=fp32",
+                stacklevel=2,
+            )
         if env is None:
             _check_memory(cfg, device)
             env = make_env(
