@@ -279,6 +279,15 @@ def test_load_policy_acts_outside_training(tmp_path):
     ]:
         with pytest.raises(error, match=message):
             call()
+    # A mask that forbids a whole head for an agent (the policy would act against it).
+    mask = torch.ones(3, 2, 15, dtype=torch.bool)
+    mask[2, 1, 5:] = False
+    for call, message in [
+        (lambda: policy.act(step.obs, {"agents": mask}), "for agent 1 of env 2 in action head 1"),
+        (lambda: policy.act({"agents": obs[2]}, {"agents": mask[2]}), "for agent 1 in action"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            call()
     # Greedy actions match the trained model's mode.
     dist, _ = run.policy.actors["agents"](
         step.obs["agents"].unsqueeze(0),
@@ -288,6 +297,28 @@ def test_load_policy_acts_outside_training(tmp_path):
     )
     policy.reset()
     torch.testing.assert_close(policy.act(step.obs)["agents"], dist.mode()[0])
+
+
+def test_policy_act_excuses_dead_agents_masks_in_an_env_step(tmp_path):
+    """A dead agent's mask may allow nothing (the env ignores its action): an EnvStep's alive
+    flags excuse it, a bare mask of the same values is refused."""
+    import dataclasses
+
+    overrides = {**TINY, "env.name": "toy/match", "run_dir": str(tmp_path)}
+    run = train(C.load(None, {**overrides, "env.kwargs": {"masks": True, "deaths": True}}))
+    policy = mappo.load_policy(run.dir)
+    env = mappo.envs.make("toy/match", num_envs=2, seed=0, masks=True, deaths=True)
+    step = env.reset()
+    for _ in range(3):
+        step = env.step(policy.act(step))
+    alive = step.alive["agents"]
+    assert not alive[:, -1].any()  # the last agent died after step 2
+    mask = step.action_mask["agents"].clone()
+    mask[:, -1] = False
+    step = dataclasses.replace(step, action_mask={"agents": mask})
+    assert policy.act(step)["agents"].shape == (2, 2, 1)
+    with pytest.raises(ValueError, match="allows no action for agent 1 of env 0; every acting"):
+        policy.act(step.obs, {"agents": mask})
 
 
 def test_checkpoint_loads_without_running_code(tmp_path):

@@ -54,9 +54,10 @@ class Policy:
         ``observations`` may be an :class:`~mappo.envs.base.EnvStep`, whose action masks and
         episode starts are then used as well.
         """
+        alive: dict[str, Tensor] | None = None
         if isinstance(observations, EnvStep):
             step = observations
-            observations, action_mask = step.obs, step.action_mask
+            observations, action_mask, alive = step.obs, step.action_mask, step.alive
             if starts is None and step.final_obs is not None:
                 starts = step.done
         if not isinstance(deterministic, bool):
@@ -120,9 +121,38 @@ class Policy:
                         f"[{', '.join(map(str, want if not single else want[1:]))}]"
                     )
                 masks[name] = mask.reshape(want)
+                _check_mask_allows_some(name, masks[name], group.action.nvec, alive, single)
         acted = act(self.model, obs, masks, self._states, starts_t, deterministic, generator)
         self._states = acted.states
         return {name: a[0] if single else a for name, a in acted.env_actions.items()}
+
+
+def _check_mask_allows_some(
+    group: str,
+    mask: Tensor,
+    nvec: tuple[int, ...],
+    alive: dict[str, Tensor] | None,
+    single: bool,
+) -> None:
+    """Refuse a mask ``[E, n, sum(nvec)]`` that forbids every action of a head for an agent: the
+    policy would return that head's action 0, which the mask forbids. Dead agents are excused
+    when the caller passed an :class:`EnvStep` (its ``alive`` flags; the env ignores their
+    actions)."""
+    start = 0
+    for head, size in enumerate(nvec):
+        empty = ~mask[..., start : start + size].any(-1)
+        start += size
+        if alive is not None and group in alive:
+            empty &= torch.as_tensor(alive[group], dtype=torch.bool, device=mask.device)
+        if bool(empty.any()):
+            env, agent = (int(i) for i in empty.nonzero()[0])
+            where = f"agent {agent}" if single else f"agent {agent} of env {env}"
+            head_name = f" in action head {head}" if len(nvec) > 1 else ""
+            raise ValueError(
+                f"action_mask for group '{group}' allows no action for {where}{head_name}; "
+                "every acting agent needs at least one allowed action (for dead agents, pass "
+                "the EnvStep, whose alive flags excuse them)"
+            )
 
 
 def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Policy:
