@@ -321,6 +321,39 @@ def test_policy_act_excuses_dead_agents_masks_in_an_env_step(tmp_path):
         policy.act(step.obs, {"agents": mask})
 
 
+def test_an_env_whose_agents_are_never_alive_is_named(tmp_path):
+    """Every loss skips agents that are not alive: an env that never sets ``alive`` would train
+    nothing while looking healthy, so the first rollout of the run warns, once."""
+    import warnings
+
+    from toy_env import MatchEnv
+
+    from mappo.envs.registry import register
+
+    class NobodyAlive(MatchEnv):
+        name = "toy/nobody_alive"
+
+        def _alive(self) -> torch.Tensor:
+            return torch.zeros(self.num_envs, self.n, dtype=torch.bool, device=self.device)
+
+    register("toy/nobody_alive", NobodyAlive)
+    seen = {}
+    for env_name in ("toy/nobody_alive", "toy/match"):
+        cfg = C.load(None, {**TINY, "env.name": env_name, "run_dir": str(tmp_path / env_name)})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            train(cfg)
+        seen[env_name] = [str(w.message) for w in caught if "was alive" in str(w.message)]
+    assert seen == {
+        "toy/nobody_alive": [
+            "no agent of group 'agents' was alive in any of the first rollout's 25 steps in 8 "
+            "envs, so the losses, which skip agents that are not alive, leave its networks "
+            "untrained; the env should return alive=True for the agents that act"
+        ],
+        "toy/match": [],
+    }
+
+
 def test_checkpoint_loads_without_running_code(tmp_path):
     evil = tmp_path / "evil.pt"
     import pickle

@@ -175,6 +175,7 @@ class Trainer:
         self.stop_signal: int | None = None
         """Set (by a signal handler) to stop after the current iteration with a checkpoint."""
         self.last_checkpoint: Path | None = None
+        self._alive_checked = False
         if checkpoint is not None:
             self._restore(checkpoint)
         self.run_dir = run_dir
@@ -269,6 +270,28 @@ class Trainer:
             f"{what}; {kept}. Lower the learning rates (or set max_grad_norm) and resume or "
             "start again"
         )
+
+    def check_someone_alive(self) -> None:
+        """Once per process, after the first rollout: warn of a group none of whose agents was
+        alive in any step (an env that never sets ``alive``): the losses skip agents that are
+        not alive, so its networks would learn nothing while the run looks healthy."""
+        if self._alive_checked:
+            return
+        self._alive_checked = True
+        rollout = getattr(getattr(self.learner, "collector", None), "rollout", None)
+        masked = self.cfg.algo.policy_active_masks or self.cfg.algo.value_active_masks
+        for name, buf in getattr(rollout, "groups", {}).items():
+            alive = getattr(buf, "alive", None)
+            if masked and isinstance(alive, torch.Tensor) and alive.numel():
+                if not bool(alive.any()):
+                    steps, envs = alive.shape[:2]
+                    warnings.warn(
+                        f"{self.error_prefix}no agent of group '{name}' was alive in any of the "
+                        f"first rollout's {steps} steps in {envs} envs, so the losses, which "
+                        "skip agents that are not alive, leave its networks untrained; the env "
+                        "should return alive=True for the agents that act",
+                        stacklevel=2,
+                    )
 
     def _nonfinite_rollout(self) -> str | None:
         """Which of the last rollout's observations or rewards hold NaN or inf (``"obs of
@@ -833,6 +856,7 @@ def _run(
                     # once: the seeds' newest checkpoints stay at one iteration.
                     for t, result in zip(trainers, results, strict=True):
                         t.check_finite(result)
+                        t.check_someone_alive()
                     signalled = trainers[0].stop_signal is not None
                     stopping = False
                     for k, (t, result) in enumerate(zip(trainers, results, strict=True)):
