@@ -279,7 +279,11 @@ class Trainer:
             return
         self._alive_checked = True
         rollout = getattr(getattr(self.learner, "collector", None), "rollout", None)
-        masked = self.cfg.algo.policy_active_masks or self.cfg.algo.value_active_masks
+        # (the value family keeps no rollout, and its config has no active masks)
+        algo = self.cfg.algo
+        masked = getattr(algo, "policy_active_masks", True) or getattr(
+            algo, "value_active_masks", True
+        )
         for name, buf in getattr(rollout, "groups", {}).items():
             alive = getattr(buf, "alive", None)
             if masked and isinstance(alive, torch.Tensor) and alive.numel():
