@@ -42,6 +42,15 @@ def test_train_prints_its_result(trained, capsys):
     assert summary["env_steps"] == 300 and "eval_return_mean" in summary
 
 
+def test_every_logged_column_has_a_known_form(trained):
+    # A sweep spec's metric is checked against these forms before any trial trains.
+    from mappo.logging import is_column_name
+
+    columns = (trained / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "eval/eval_return_mean" in columns
+    assert [c for c in columns if not is_column_name(c)] == []
+
+
 def test_eval_with_gif(trained, tmp_path, capsys):
     gif = tmp_path / "episode.gif"
     code, out, _ = _run(

@@ -131,6 +131,8 @@ def test_spec_expands_the_grid_and_checks_every_trial(tmp_path):
         ("presets: [TINY, TINY]\n", "would share the folder 'tiny/default/seed1'"),
         ("presets: [TINY]\ngrid: {algo.clip: [0.1, 0.10]}\n", "would share the folder"),
         ("presets: [TINY]\ngrid: {name: ['" + "x" * 300 + "']}\n", "too long"),
+        ("presets: [TINY]\nmetric: eval_return_mean\n", "did you mean 'eval/eval_return_mean'?"),
+        ("presets: [TINY]\nmetric: score\n", "is 'score', which no run logs (columns of"),
     ],
 )
 def test_bad_specs_are_one_line_errors(tmp_path, capsys, body, message):

@@ -23,6 +23,7 @@ from mappo.algos.value import epsilon_at, td_loss
 from mappo.cli import main
 from mappo.envs import make
 from mappo.episodes import EpisodeBuffer, EpisodeCollector, allocate_episodes, check_bytes
+from mappo.logging import is_column_name
 from mappo.nn.coma import ComaCritic, coma_policy
 from mappo.nn.q_agents import QMixer, QNetworks, VDNMixer, epsilon_greedy
 from mappo.rollout import EpisodeTracker
@@ -494,6 +495,8 @@ def test_each_method_trains_evaluates_and_loads(tmp_path, algo, targets):
     else:
         keys += ("buffer_fill", "loss/td_error_abs", "loss/grad_norm")
     assert all(key in last for key in keys)
+    # the forms a sweep spec's metric is checked against before any trial trains
+    assert [c for c in last if not is_column_name(c)] == []
     assert run.summary["env_steps"] >= 600
     assert "eval_battle_won" in run.summary
     policy = mappo.load_policy(run.dir)

@@ -9,6 +9,31 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+PLAIN_COLUMNS = (
+    "env_steps",
+    "iteration",
+    "wall_seconds",
+    "steps_per_second",
+    "threads",
+    "actor_lr",
+    "critic_lr",
+    "lr",
+    "epsilon",
+    "buffer_fill",
+)
+"""The columns of a run's ``metrics.csv`` without a section prefix (counters, the clock and
+the learners' schedules)."""
+COLUMN_PREFIXES = ("train/", "time/", "loss/", "eval/")
+"""The sections of every other column: training episodes' statistics, timings, losses and the
+greedy evaluations (``eval/eval_return_mean``, env statistics as ``eval/eval_<name>``)."""
+
+
+def is_column_name(name: str) -> bool:
+    """Whether ``name`` has the form of a column a run may log (before any run has logged it)."""
+    if name in PLAIN_COLUMNS:
+        return True
+    return any(name.startswith(p) and len(name) > len(p) for p in COLUMN_PREFIXES)
+
 
 class ProgressBar:
     """A one-line progress display: env steps, steps/s, ETA and the latest return.

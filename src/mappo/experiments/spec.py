@@ -104,6 +104,23 @@ def _label(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]+", "_", text).strip("_") or "_"
 
 
+def _check_metric(metric: str, path: Path) -> None:
+    """Refuse a ``metric`` that no run can log before any trial trains (a typo would otherwise
+    surface as a missing report after the whole sweep)."""
+    from mappo.logging import COLUMN_PREFIXES, is_column_name
+
+    if not metric or is_column_name(metric):
+        return
+    known = [runs_mod.RETURN, runs_mod.WIN_RATE, "train/episode_return"]
+    close = difflib.get_close_matches(metric, known, n=1, cutoff=0.5)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    raise SweepError(
+        f"'metric' in '{path}' is '{metric}', which no run logs{hint} (columns of metrics.csv: "
+        f"env_steps, wall_seconds... or names starting {', '.join(COLUMN_PREFIXES)}, e.g. "
+        f"{runs_mod.RETURN})"
+    )
+
+
 def _need(cond: bool, message: str) -> None:
     if not cond:
         raise SweepError(message)
@@ -183,6 +200,7 @@ def load_spec(source: str, sweep_dir: str | Path | None = None) -> SweepSpec:
     )
     spec.max_concurrent = int(_number(data.get("max_concurrent", 0), "max_concurrent", 0))
     spec.metric = str(data.get("metric", "") or "")
+    _check_metric(spec.metric, path)
     stack = data.get("stack_seeds", False)
     _need(isinstance(stack, bool), f"'stack_seeds' in '{path}' must be true or false")
     spec.stack_seeds = stack
