@@ -352,16 +352,21 @@ def test_a_changed_spec_is_refused_and_a_second_sweep_on_one_folder_too(tmp_path
     trial_dir = Path(S.load_spec(str(spec_path), tmp_path / "sw").trials[0].dir)
     before = (trial_dir / "metrics.csv").read_bytes()
     capsys.readouterr()
+    assert main([*argv, "--dry-run"]) == 0
+    assert f"{trial_dir}  (finished, skipped)" in capsys.readouterr().out
     spec_path.write_text(spec_path.read_text().replace("0.2", "0.3"))
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "was trained with algo.clip=0.2 but the spec now gives 0.3" in err
+    for extra in (["--dry-run"], []):  # the dry run gives the refusal the sweep would
+        assert main([*argv, *extra]) == 2
+        err = capsys.readouterr().err
+        assert "was trained with algo.clip=0.2 but the spec now gives 0.3" in err
     # A larger budget is not a different configuration: the trial resumes to it.
     spec_path.write_text(
         spec_path.read_text().replace("algo.clip: 0.3", "algo.clip: 0.2, total_env_steps: 400")
     )
     from mappo.trainer import hold_lock
 
+    assert main([*argv, "--dry-run"]) == 0
+    assert f"{trial_dir}  (resumes from its checkpoint)" in capsys.readouterr().out
     with hold_lock((tmp_path / "sw").resolve(), "sweep"):
         assert main(argv) == 2
     assert "sweep" in capsys.readouterr().err and (trial_dir / "metrics.csv").read_bytes() == before
@@ -474,6 +479,7 @@ def test_stack_seeds_trains_each_configurations_seeds_in_one_process(
     listing = capsys.readouterr().out
     assert listing.count("together in one process (3 seeds):") == 2
     assert "  tiny/algo.clip=0.3/seed2  " in listing
+    assert listing.count("(new)") == 5 and listing.count("(finished, skipped)") == 1
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "6 trials, 1 finished before, 5 to run on serial (2 processes, seeds stacked)" in out

@@ -353,9 +353,11 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from mappo.experiments.sweep import (
         SweepInterrupted,
+        check_folder,
         load_spec,
         plan_units,
         run_sweep,
+        trial_plan,
         write_outputs,
     )
 
@@ -363,11 +365,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.stack_seeds is not None:  # the flag wins over the spec's stack_seeds
         spec = dataclasses.replace(spec, stack_seeds=args.stack_seeds)
     if args.dry_run:
+        check_folder(spec)  # the refusals the sweep itself would give
         for unit in plan_units(spec.trials, spec.stack_seeds):
             if len(unit) > 1:
                 print(f"together in one process ({len(unit)} seeds):")
             for trial in unit:
-                print(f"{'  ' if len(unit) > 1 else ''}{trial.id}  {trial.dir}")
+                indent = "  " if len(unit) > 1 else ""
+                print(f"{indent}{trial.id}  {trial.dir}  ({trial_plan(trial)})")
         return 0
     try:
         results = run_sweep(spec, args.backend, args.address, args.max_concurrent)

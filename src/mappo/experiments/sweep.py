@@ -613,15 +613,34 @@ def run_sweep(
                 f"trial {on_gpu.id} trains on a GPU but 'resources.gpus' is 0, and Ray hides the "
                 "GPUs from tasks that ask for none; set resources: {gpus: 1} (or 0.5, ...)"
             )
-    for trial in spec.trials:
-        check_unchanged(trial)
+    check_folder(spec)
     from mappo.trainer import hold_lock
 
     root = sweep_root(spec)
-    _check_same_sweep(spec, root)
     root.mkdir(parents=True, exist_ok=True)
     with hold_lock(root, "sweep"):
         return _run_locked(spec, root, backend, address, max_concurrent, stream)
+
+
+def check_folder(spec: SweepSpec) -> None:
+    """What the sweep directory already holds, checked against ``spec`` before anything runs
+    (also by ``--dry-run``): not another sweep, and no trial trained with other settings."""
+    _check_same_sweep(spec, sweep_root(spec))
+    for trial in spec.trials:
+        check_unchanged(trial)
+
+
+def trial_plan(trial: Trial) -> str:
+    """What running the sweep would do with ``trial`` now, as ``--dry-run`` lists it (reading
+    only: a trial that logged its whole budget counts as finished, as the sweep would find)."""
+    state = trial_state(trial)
+    if state == "partial":
+        last = runs_mod.last_logged_step(Path(trial.dir))
+        if last is not None and last >= trial.total_env_steps:
+            state = "finished"
+    if state == "finished":
+        return "finished, skipped"
+    return "resumes from its checkpoint" if state == "partial" else "new"
 
 
 def _check_same_sweep(spec: SweepSpec, root: Path) -> None:
