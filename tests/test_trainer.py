@@ -317,6 +317,8 @@ def test_policy_act_excuses_dead_agents_masks_in_an_env_step(tmp_path):
     mask[:, -1] = False
     step = dataclasses.replace(step, action_mask={"agents": mask})
     assert policy.act(step)["agents"].shape == (2, 2, 1)
+    sampled = policy.act(step, deterministic=False)["agents"]  # a dead agent's head is opened
+    assert ((sampled >= 0) & (sampled < 4)).all()
     with pytest.raises(ValueError, match="allows no action for agent 1 of env 0; every acting"):
         policy.act(step.obs, {"agents": mask})
 
@@ -324,6 +326,7 @@ def test_policy_act_excuses_dead_agents_masks_in_an_env_step(tmp_path):
 def test_an_env_whose_agents_are_never_alive_is_named(tmp_path):
     """Every loss skips agents that are not alive: an env that never sets ``alive`` would train
     nothing while looking healthy, so the first rollout of the run warns, once."""
+    import dataclasses
     import warnings
 
     from toy_env import MatchEnv
@@ -347,11 +350,18 @@ def test_an_env_whose_agents_are_never_alive_is_named(tmp_path):
     assert seen == {
         "toy/nobody_alive": [
             "no agent of group 'agents' was alive in any of the first rollout's 25 steps in 8 "
-            "envs, so the losses, which skip agents that are not alive, leave its networks "
-            "untrained; the env should return alive=True for the agents that act"
+            "envs, so the losses, which skip agents that are not alive, leave its policy and "
+            "critic untrained; the env should return alive=True for the agents that act"
         ],
         "toy/match": [],
     }
+    # Stacked seeds share one rollout: one warning, from the first seed.
+    cfg = C.load(None, {**TINY, "env.name": "toy/nobody_alive", "num_seeds": 2})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mappo.train_seeds(dataclasses.replace(cfg, run_dir=str(tmp_path / "stacked")))
+    stacked = [str(w.message) for w in caught if "was alive" in str(w.message)]
+    assert len(stacked) == 1 and "group 'agents'" in stacked[0], stacked
 
 
 def test_checkpoint_loads_without_running_code(tmp_path):
@@ -510,12 +520,16 @@ def test_losses_over_the_active_rows_equal_the_masked_losses(overrides, rows_tak
         torch.testing.assert_close(rows_grads[k], all_grads[k], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_bf16_on_a_cpu_that_emulates_it_warns(native, monkeypatch):
-    """Without AMX or AVX512-BF16 torch emulates bfloat16 products (18x slower than float32 on
-    an AVX2 CPU): the run says so and names the fix; with either it starts quietly."""
+@pytest.mark.parametrize(
+    ("machine", "native"), [("x86_64", True), ("x86_64", False), ("aarch64", False)]
+)
+def test_bf16_on_a_cpu_that_emulates_it_warns(machine, native, monkeypatch):
+    """Without AMX or AVX512-BF16 an x86 CPU emulates bfloat16 products (18x slower than float32
+    on an AVX2 CPU): the run says so and names the fix; with either, or on an ARM CPU (whose
+    bf16 support torch does not report), it starts quietly."""
     import warnings
 
+    monkeypatch.setattr("mappo.resources.platform.machine", lambda: machine)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: native)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
     cfg = C.load(None, {**TINY, "env.name": "toy/match", "model.precision": "bf16"})
@@ -523,7 +537,7 @@ def test_bf16_on_a_cpu_that_emulates_it_warns(native, monkeypatch):
         warnings.simplefilter("always")
         Trainer(cfg).close()
     messages = [str(w.message) for w in caught if "bf16" in str(w.message)]
-    if native:
+    if native or machine == "aarch64":
         assert messages == []
     else:
         assert messages == [

@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import uuid
 from pathlib import Path
 
 import pytest
+import torch
 
 from mappo.cli import main
 from mappo.envs import EnvError, make, registry
@@ -57,12 +59,22 @@ def test_a_python_path_name_trains_evaluates_and_resumes(user_folder, tmp_path, 
     )
     run = _one_run(root)
     assert run.relative_to(root).parts[:3] == ("python", module, "GuessTheColor")
-    # A later process knows nothing of the module: the name alone rebuilds the env.
+    # A later process knows nothing of the module: the saved name rebuilds the env, once the
+    # user says the module may be imported (opening a saved run imports nothing on its own).
     sys.modules.pop(module)
-    assert main(["eval", str(run), "--episodes", "3", "--json"]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "--episodes", "3"]) == 2
+    assert capsys.readouterr().err == (
+        f"mappo: error: '{run}' names its env by import path ({name}); opening a saved run "
+        f"imports no module named in it on its own: if you trust the code of '{module}', pass "
+        f"--import {module}\n"
+    )
+    assert module not in sys.modules
+    assert main(["eval", str(run), "--episodes", "3", "--json", "--import", module]) == 0
     result = capsys.readouterr().out
     assert '"eval_hits"' in result and '"eval_episodes": 3.0' in result
-    assert main(["train", "--resume", str(run), "total_env_steps=500", "progress=false"]) == 0
+    resume = ["train", "--resume", str(run), "total_env_steps=500", "progress=false"]
+    assert main([*resume, "--import", module]) == 0
     assert sorted(p.name for p in (run / "checkpoints").glob("iter_*.pt"))[-1] > "iter_00000003"
     capsys.readouterr()
     assert main(["bench", "env", "--envs", name, "--num-envs", "2", "--seconds", "0.01"]) == 0
@@ -89,7 +101,7 @@ def test_import_loads_the_module_that_registers_an_env(user_folder, tmp_path, ca
     assert main(["eval", str(run), "--episodes", "2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"unknown environment '{env_name}'" in err
-    assert "python:<module>:<class>" in err and "--import <module>" in err
+    assert "python:<module>:<class>" in err and "--import <module> (mappo train, eval" in err
 
     assert main(["eval", str(run), "--episodes", "2", "--import", module]) == 0
     assert "eval_hits" in capsys.readouterr().out
@@ -101,36 +113,72 @@ def test_import_loads_the_module_that_registers_an_env(user_folder, tmp_path, ca
 
 
 BAD_NAMES = [
-    ("python:user_mod", "'python:user_mod' names no callable: write python:<module>:<class"),
-    ("python::Thing", "names no callable"),
+    ("python:user_mod", "'python:user_mod' names no class: write python:<module>:<class>"),
+    ("python::Thing", "names no class"),
     ("python:no_such_module_xyz:Env", "module 'no_such_module_xyz' is not importable; is its"),
     ("python:bad-name:Env", "'bad-name' is not a module name"),
+    ("python:user_mod.py:Env", "'user_mod.py' is a file name; give the module's name, without"),
     ("python:user_mod:Nope", "python:user_mod:Nope: 'user_mod' has no attribute 'Nope'"),
     ("python:user_mod:Env.nope", "'user_mod.Env' has no attribute 'nope'"),
-    ("python:user_mod:VALUE", "'user_mod.VALUE' is a int, not a class or function"),
-    ("python:user_mod:no_kwargs", "bad parameter for environment 'python:user_mod:no_kwargs'"),
-    ("python:user_mod:not_an_env", "returned a dict, not a mappo.envs.BatchedEnv"),
-    ("python:user_mod:parallel", "for a PettingZoo ParallelEnv use pettingzoo:user_mod:parallel"),
+    ("python:user_mod:VALUE", "'user_mod.VALUE' is an int, not a subclass of mappo.envs.Batc"),
+    ("python:user_mod:Env", "'user_mod.Env' is the class Env, not a subclass of mappo.envs."),
+    ("python:user_mod:make_env", "'user_mod.make_env' is a function, not a subclass of"),
+    ("python:user_mod:Parallel", "for a PettingZoo ParallelEnv use pettingzoo:user_mod:Parallel"),
+    ("python:user_mod:Strict", "bad parameter for environment 'python:user_mod:Strict': "),
+    (
+        "python:user_mod:Refuses",
+        "python:user_mod:Refuses: user_mod.Refuses(...) raised ValueError: ",
+    ),
     ("python:user_raises:Env", "importing module 'user_raises' raised RuntimeError: broken"),
+    # a library function that a config could name is never called, whatever its arguments
+    ("python:torch.hub:load", "'torch.hub.load' is a function, not a subclass of mappo.envs"),
 ]
 
 
 @pytest.mark.parametrize(("name", "message"), BAD_NAMES)
 def test_python_names_that_cannot_be_built_are_one_line(user_folder, name, message) -> None:
     (user_folder / "user_mod.py").write_text(
+        "from mappo.envs import BatchedEnv\n"
+        "from toy_env import MatchEnv\n"
         "VALUE = 3\n"
         "class Env:\n    pass\n"
-        "def no_kwargs():\n    return None\n"
-        "def not_an_env(**kwargs):\n    return dict(kwargs)\n"
-        "class _Parallel:\n    possible_agents = ['a']\n"
-        "def parallel(**kwargs):\n    return _Parallel()\n"
+        "def make_env(**kwargs):\n    return None\n"
+        "class Parallel:\n    possible_agents = ['a']\n"
+        "class Strict(BatchedEnv):\n"
+        "    def __init__(self, num_envs, device='cpu', seed=0, size=3):\n        pass\n"
+        "class Refuses(MatchEnv):\n"
+        "    def __init__(self, num_envs, device='cpu', seed=0):\n"
+        "        raise ValueError('num_envs must be even\\nsecond line')\n"
     )
     (user_folder / "user_raises.py").write_text("raise RuntimeError('broken\\nsecond line')\n")
     for module in ("user_mod", "user_raises"):
         sys.modules.pop(module, None)
+    kwargs = {"colour": 1} if name.endswith("Strict") else {}
     with pytest.raises(EnvError) as info:
-        make(name, num_envs=2)
+        make(name, num_envs=2, **kwargs)
     assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_saved_run_never_calls_what_its_config_names(tmp_path, capsys) -> None:
+    """A shared checkpoint whose config was edited to name a library function (here one that
+    would fetch and run code) is refused before anything is imported or called, for both
+    schemes that call what a name points to."""
+    root = tmp_path / "runs"
+    assert main(["train", "mpe/simple_spread", *TINY[:-1], f"run_dir={root}"]) == 0
+    run = _one_run(root)
+    checkpoint = sorted((run / "checkpoints").glob("iter_*.pt"))[-1]
+    data = torch.load(checkpoint, weights_only=True)
+    marker = tmp_path / "ran"
+    for name in ("pettingzoo:torch.hub:load", "python:os:system"):
+        data["config"]["env"]["name"] = name
+        data["config"]["env"]["kwargs"] = {"command": f"touch {marker}", "repo_or_dir": "x/y"}
+        shared = tmp_path / "shared.pt"
+        torch.save(data, shared)
+        capsys.readouterr()
+        assert main(["eval", str(shared), "--episodes", "2"]) == 2
+        err = capsys.readouterr().err
+        assert f"names its env by import path ({name}); opening a saved run imports" in err
+        assert not marker.exists()
 
 
 def test_a_bad_import_option_is_one_line_and_exit_2(user_folder, capsys) -> None:
@@ -155,8 +203,28 @@ def test_a_folder_of_runs_names_one_of_them(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert f"'{tmp_path / 'runs'}' is not a run directory but holds 2 runs below it" in err
     assert str(new) in err or str(old) in err
+    assert main(["eval", str(tmp_path)]) == 2  # from above runs/, through a three-part task
+    assert "holds 2 runs below it" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "runs" / "python")]) == 2
     err = capsys.readouterr().err
     assert f"holds a run below it; give one run directory, e.g. '{old}'" in err
     assert main(["train", "--resume", str(tmp_path / "runs" / "empty")]) == 2
     assert "runs/empty' a mappo run directory?" in capsys.readouterr().err
+
+
+def test_a_sweep_resumes_trials_of_a_python_env(user_folder, tmp_path, capsys) -> None:
+    # The spec names the env, so its trials resume without --import (a saved run alone would
+    # not be trusted to name a module).
+    module = _example_module(user_folder, f"unused/{uuid.uuid4().hex[:6]}")
+    spec = user_folder / "spec.yaml"
+    body = (
+        "presets: [mpe/simple_spread_fast]\nseeds: 1\n"
+        f"overrides: {{env.name: 'python:{module}:GuessTheColor', env.num_envs: 4, "
+        "env.kwargs: {num_agents: 3}, eval_episodes: 2, algo.epochs: 1, total_env_steps: STEPS}\n"
+    )
+    argv = ["sweep", str(spec), "--dir", str(tmp_path / "sw"), "--backend", "serial"]
+    for steps in (200, 400):
+        spec.write_text(body.replace("STEPS", str(steps)))
+        assert main(argv) == 0, capsys.readouterr().err
+    run = tmp_path / "sw" / "mpe" / "simple_spread_fast" / "default" / "seed1"
+    assert json.loads((run / "summary.json").read_text())["env_steps"] == 400

@@ -120,30 +120,37 @@ class Policy:
                         f"action_mask for group '{name}' has shape {tuple(mask.shape)}, expected "
                         f"[{', '.join(map(str, want if not single else want[1:]))}]"
                     )
-                masks[name] = mask.reshape(want)
-                _check_mask_allows_some(name, masks[name], group.action.nvec, alive, single)
+                masks[name] = _usable_mask(
+                    name, mask.reshape(want), group.action.nvec, alive, single
+                )
         acted = act(self.model, obs, masks, self._states, starts_t, deterministic, generator)
         self._states = acted.states
         return {name: a[0] if single else a for name, a in acted.env_actions.items()}
 
 
-def _check_mask_allows_some(
+def _usable_mask(
     group: str,
     mask: Tensor,
     nvec: tuple[int, ...],
     alive: dict[str, Tensor] | None,
     single: bool,
-) -> None:
-    """Refuse a mask ``[E, n, sum(nvec)]`` that forbids every action of a head for an agent: the
-    policy would return that head's action 0, which the mask forbids. Dead agents are excused
-    when the caller passed an :class:`EnvStep` (its ``alive`` flags; the env ignores their
-    actions)."""
+) -> Tensor:
+    """``mask`` ``[E, n, sum(nvec)]``, checked: a head that forbids every action of an agent
+    is refused (the policy would return an action the mask forbids, or none at all), except for
+    dead agents when the caller passed an :class:`EnvStep` (its ``alive`` flags): the env ignores
+    their actions, so their empty heads are opened to every action."""
+    dead = None
+    if alive is not None and group in alive:
+        dead = ~torch.as_tensor(alive[group], dtype=torch.bool, device=mask.device)
     start = 0
     for head, size in enumerate(nvec):
-        empty = ~mask[..., start : start + size].any(-1)
+        part = mask[..., start : start + size]
+        empty = ~part.any(-1)
+        if dead is not None and bool((empty & dead).any()):
+            mask = mask.clone()
+            mask[..., start : start + size] |= (empty & dead).unsqueeze(-1)
+            empty &= ~dead
         start += size
-        if alive is not None and group in alive:
-            empty &= torch.as_tensor(alive[group], dtype=torch.bool, device=mask.device)
         if bool(empty.any()):
             env, agent = (int(i) for i in empty.nonzero()[0])
             where = f"agent {agent}" if single else f"agent {agent} of env {env}"
@@ -153,6 +160,7 @@ def _check_mask_allows_some(
                 "every acting agent needs at least one allowed action (for dead agents, pass "
                 "the EnvStep, whose alive flags excuse them)"
             )
+    return mask
 
 
 def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Policy:

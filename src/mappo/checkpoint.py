@@ -175,9 +175,9 @@ def _no_checkpoint_message(run_dir: Path) -> str:
     return f"no checkpoint in '{run_dir / 'checkpoints'}'; is '{run_dir}' a mappo run directory?"
 
 
-RUNS_BELOW_DEPTH = 6
-"""How deep :func:`_runs_below` looks: ``runs/<task>/<algo>/<time>_seed<k>``, with a task name
-of up to three parts (``python/my_envs/MyEnv``), and one folder above ``runs``."""
+RUNS_BELOW_DEPTH = 7
+"""How deep :func:`_runs_below` looks: ``runs/<task>/<algo>/<time>_seed<k>/checkpoints``, with
+a task name of up to three parts (``python/my_envs/MyEnv``), from the folder above ``runs``."""
 RUNS_BELOW_FOLDERS = 2_000
 """How many folders :func:`_runs_below` visits at most (a home directory given by mistake
 must not turn an error message into a long search)."""

@@ -233,13 +233,20 @@ def _check_scripted_memory(task: str, episodes: int, device: str) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from mappo.envs.registry import from_saved
+
+    if args.scripted:
+        return cmd_eval_scripted(args)
+    with from_saved(args.path):  # the run's env name comes from a file: import nothing it names
+        return _eval_saved(args)
+
+
+def _eval_saved(args: argparse.Namespace) -> int:
     from mappo.api import load_policy
     from mappo.envs.registry import fit_workers, make
     from mappo.evaluation import evaluate
     from mappo.trainer import check_evaluation_memory
 
-    if args.scripted:
-        return cmd_eval_scripted(args)
     policy = load_policy(args.path, device=args.device)
     cfg = policy.config
     check_evaluation_memory(cfg, args.episodes, args.device)
@@ -317,6 +324,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"  {entry.name:36s} {entry.description}")
     print("  pettingzoo:<module>.<env>            any PettingZoo ParallelEnv (extra: pettingzoo)")
     print("  gymnasium:<package>:<id>             Gymnasium multi-agent envs (extras: lbf, rware)")
+    print("  python:<module>:<class>              a BatchedEnv of your own, by import path")
     print("sweep specs (mappo sweep SPEC):")
     for name in list_specs():
         print(f"  {name}")
@@ -352,6 +360,7 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from mappo.experiments.sweep import (
+        FINISHED,
         SweepInterrupted,
         check_folder,
         load_spec,
@@ -366,12 +375,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         spec = dataclasses.replace(spec, stack_seeds=args.stack_seeds)
     if args.dry_run:
         check_folder(spec)  # the refusals the sweep itself would give
-        for unit in plan_units(spec.trials, spec.stack_seeds):
+        plans = {t.id: trial_plan(t) for t in spec.trials}
+        done = [t for t in spec.trials if plans[t.id] == FINISHED]
+        # as the sweep does: finished trials are set aside before the rest are grouped
+        for unit in plan_units([t for t in spec.trials if t not in done], spec.stack_seeds):
             if len(unit) > 1:
                 print(f"together in one process ({len(unit)} seeds):")
             for trial in unit:
                 indent = "  " if len(unit) > 1 else ""
-                print(f"{indent}{trial.id}  {trial.dir}  ({trial_plan(trial)})")
+                print(f"{indent}{trial.id}  {trial.dir}  ({plans[trial.id]})")
+        for trial in done:
+            print(f"{trial.id}  {trial.dir}  ({FINISHED})")
         return 0
     try:
         results = run_sweep(spec, args.backend, args.address, args.max_concurrent)
@@ -451,17 +465,20 @@ def _add_import(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="MODULE",
-        help="import this module first, for the environments it registers with "
-        "mappo.envs.register (repeatable; the current directory is searched too)",
+        help="import this module first: for the environments it registers with "
+        "mappo.envs.register, or to let a saved run's python:<module>:<class> env name import "
+        "it (repeatable; the current directory is searched too)",
     )
 
 
 def _import_modules(args: argparse.Namespace) -> None:
     """Import the ``--import`` modules; one that cannot be imported is an EnvError."""
     from mappo.envs.importing import require_module
+    from mappo.envs.registry import trust_module
 
     for module in getattr(args, "imports", []):
         require_module(f"--import {module}", module)
+        trust_module(module)  # a saved run may name it (python:<module>:<class>)
 
 
 def build_parser() -> argparse.ArgumentParser:

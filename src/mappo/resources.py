@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import time
 from typing import Any
 
@@ -114,17 +115,25 @@ def available_bytes(device: torch.device) -> int | None:
 
 
 def bf16_is_emulated(device: torch.device) -> bool:
-    """Whether bfloat16 matrix products on ``device`` are emulated in float32 arithmetic: a CPU
-    with neither AMX tiles nor AVX512-BF16 (an AVX2 CPU ran ``hanabi/full-2p_fast``'s update
-    18x slower in bf16 than in float32). GPUs and CPUs torch cannot query count as native."""
-    if device.type != "cpu":
+    """Whether bfloat16 matrix products on ``device`` are emulated: an x86 CPU with neither
+    AMX tiles nor AVX512-BF16 (an AVX2 CPU ran ``hanabi/full-2p_fast``'s update 18x slower in
+    bf16 than in float32), or a GPU older than Ampere. Other CPUs (ARM, whose bf16 support
+    torch does not report) and devices torch cannot query count as native."""
+    if device.type == "cuda":
+        try:
+            return not torch.cuda.is_bf16_supported(including_emulation=False)
+        except (TypeError, RuntimeError, AssertionError):  # an older torch, no usable GPU
+            return False
+    if device.type != "cpu" or platform.machine().lower() not in _X86:
         return False
-    probes = [
-        getattr(torch.cpu, n, None) for n in ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
-    ]
+    names = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    probes = [getattr(torch.cpu, n, None) for n in names]
     if any(probe is None for probe in probes):
         return False
     return not any(probe() for probe in probes)
+
+
+_X86 = ("x86_64", "amd64", "i386", "i686")
 
 
 def format_bytes(n: float) -> str:

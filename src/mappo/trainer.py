@@ -38,7 +38,7 @@ from mappo.checkpoint import (  # noqa: F401 - re-exported: part of the trainer'
 from mappo.config import TrainConfig
 from mappo.data import spec_to_dict
 from mappo.envs.base import BatchedEnv
-from mappo.envs.registry import copy_bytes, fit_workers, uses_workers
+from mappo.envs.registry import copy_bytes, fit_workers, from_saved, uses_workers
 from mappo.envs.registry import make as make_env
 from mappo.evaluation import evaluate
 from mappo.learners import Learner, make_learner
@@ -136,9 +136,8 @@ class Trainer:
         device = config_mod.check_device(cfg.device)
         if cfg.model.precision == "bf16" and bf16_is_emulated(device):
             warnings.warn(
-                "model.precision=bf16 on a CPU without AMX or AVX512-BF16: torch emulates "
-                "bfloat16 products here, many times slower than float32; set "
-                "model.precision=fp32",
+                f"model.precision=bf16 on {_bf16_device(device)}: torch emulates bfloat16 "
+                "products here, many times slower than float32; set model.precision=fp32",
                 stacklevel=2,
             )
         if env is None:
@@ -273,27 +272,35 @@ class Trainer:
 
     def check_someone_alive(self) -> None:
         """Once per process, after the first rollout: warn of a group none of whose agents was
-        alive in any step (an env that never sets ``alive``): the losses skip agents that are
-        not alive, so its networks would learn nothing while the run looks healthy."""
+        alive in any step (an env that never sets ``alive``): MAPPO's losses skip agents that
+        are not alive (``algo.policy_active_masks``, ``algo.value_active_masks``), so the
+        group's networks would learn nothing while the run looks healthy. Stacked seeds share
+        one rollout, checked by the first seed's trainer."""
         if self._alive_checked:
             return
         self._alive_checked = True
-        rollout = getattr(getattr(self.learner, "collector", None), "rollout", None)
-        # (the value family keeps no rollout, and its config has no active masks)
+        learner: Any = self.learner
+        collector = getattr(learner, "collector", None)
+        if collector is None and getattr(learner, "k", None) == 0:
+            collector = getattr(getattr(learner, "stack", None), "collector", None)
+        rollout = getattr(collector, "rollout", None)
+        # (the value family and COMA keep no such rollout, and their configs no active masks)
         algo = self.cfg.algo
-        masked = getattr(algo, "policy_active_masks", True) or getattr(
-            algo, "value_active_masks", True
-        )
+        untrained = [
+            what
+            for what, key in (("policy", "policy_active_masks"), ("critic", "value_active_masks"))
+            if getattr(algo, key, False)
+        ]
         for name, buf in getattr(rollout, "groups", {}).items():
             alive = getattr(buf, "alive", None)
-            if masked and isinstance(alive, torch.Tensor) and alive.numel():
+            if untrained and isinstance(alive, torch.Tensor) and alive.numel():
                 if not bool(alive.any()):
                     steps, envs = alive.shape[:2]
                     warnings.warn(
                         f"{self.error_prefix}no agent of group '{name}' was alive in any of the "
                         f"first rollout's {steps} steps in {envs} envs, so the losses, which "
-                        "skip agents that are not alive, leave its networks untrained; the env "
-                        "should return alive=True for the agents that act",
+                        f"skip agents that are not alive, leave its {' and '.join(untrained)} "
+                        "untrained; the env should return alive=True for the agents that act",
                         stacklevel=2,
                     )
 
@@ -648,7 +655,9 @@ def resume(run_dir: str | Path, overrides: list[str] | dict[str, Any] | None = N
     learning rates, intervals...); they are recorded in the run's ``config.yaml``. Nothing in
     the run directory is written before every check has passed."""
     path = Path(run_dir)
-    with hold_lock(_existing(path)):
+    # The env's name comes from the run's files: a name that imports a module needs the user's
+    # trust in it (mappo.envs.registry.from_saved).
+    with hold_lock(_existing(path)), from_saved(str(path)):
         newest, ckpt, cfg = _resumable(path, overrides)
         if cfg.num_seeds > 1:
             raise config_mod.ConfigError(
@@ -679,6 +688,7 @@ def resume_seeds(
     with contextlib.ExitStack() as locks:
         for p in paths:
             locks.enter_context(hold_lock(_existing(p)))
+        locks.enter_context(from_saved(str(paths[0])))  # as in resume()
         found = [_resumable(p, overrides) for p in paths]
         cfgs = [cfg for _, _, cfg in found]
         _check_stackable(cfgs, [str(p) for p in paths])
@@ -756,6 +766,13 @@ def _check_resumable(saved: TrainConfig, cfg: TrainConfig) -> None:
                 f"{new[key]!r}); the keys fixed on resume are seed, env.*, model.*, algo.name "
                 "and the algorithm's network and buffer sizes. Start a new run instead"
             )
+
+
+def _bf16_device(device: torch.device) -> str:
+    """The kind of device that emulates bf16, for the warning (see bf16_is_emulated)."""
+    if device.type == "cuda":
+        return "a GPU older than Ampere"
+    return "a CPU without AMX or AVX512-BF16"
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ says which, instead of a traceback from deep inside the import machinery.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -35,9 +36,15 @@ def require_module(what: str, module: str, extras: Mapping[str, str] | None = No
     search it first: the ``mappo`` command, started from a folder holding ``my_envs.py``, finds
     it, and an installed package of the same name still wins.
     """
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
+    with contextlib.suppress(OSError):  # a current directory that was deleted
+        cwd = os.getcwd()
+        if cwd not in sys.path and "" not in sys.path:
+            sys.path.append(cwd)
+    if module.endswith(".py"):
+        raise EnvError(
+            f"{what}: '{module}' is a file name; give the module's name, without .py "
+            f"('{module[:-3].replace('/', '.')}')"
+        )
     if not module or any(not part.isidentifier() for part in module.split(".")):
         raise EnvError(f"{what}: '{module}' is not a module name (such as my_package.my_envs)")
     try:

@@ -8,8 +8,10 @@ batched env of the user's own from its import path (:mod:`mappo.envs.by_path`).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,55 @@ class EnvEntry:
     """Whether the env steps Python games in worker processes (as the adapters do)."""
     copy_bytes: int = 0
     """Host memory one copy takes in its worker process, for the trainer's memory check."""
+
+
+_TRUSTED: set[str] = set()
+"""Modules the user named to be imported (``--import``), which a saved run may name too."""
+_SAVED_SOURCE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "mappo_saved_source", default=None
+)
+"""The saved run or checkpoint whose config the envs being made now come from, if any."""
+
+
+def trust_module(module: str) -> None:
+    """Let envs made from saved runs (:func:`from_saved`) import ``module`` by name."""
+    _TRUSTED.add(module)
+
+
+@contextlib.contextmanager
+def from_saved(source: str) -> Iterator[None]:
+    """Within this block envs are made from the config saved in ``source`` (a run directory or
+    checkpoint that may come from anyone): a name that imports a module and calls what it names
+    with the config's keyword arguments (``python:<module>:<class>``,
+    ``pettingzoo:<module>:<callable>``) is refused unless the user trusted that module
+    (:func:`trust_module`, the CLI's ``--import``), so that opening a file never runs code it
+    names. Built-in names and PettingZoo modules' own ``parallel_env`` are not affected."""
+    token = _SAVED_SOURCE.set(source)
+    try:
+        yield
+    finally:
+        _SAVED_SOURCE.reset(token)
+
+
+def imported_module(name: str) -> str | None:
+    """The module whose callable a scheme name calls with the config's arguments, if any."""
+    scheme, _, target = name.partition(":")
+    module, sep, attr = target.partition(":")
+    if scheme == "python" or (scheme == "pettingzoo" and sep and attr):
+        return module
+    return None
+
+
+def _check_trusted(name: str) -> None:
+    source = _SAVED_SOURCE.get()
+    module = imported_module(name)
+    if source is None or module is None or module in _TRUSTED:
+        return
+    raise EnvError(
+        f"'{source}' names its env by import path ({name}); opening a saved run imports no "
+        f"module named in it on its own: if you trust the code of '{module}', pass "
+        f"--import {module}"
+    )
 
 
 _ENVS: dict[str, EnvEntry] = {}
@@ -85,6 +136,7 @@ def make(
     """Create a batched env by name, e.g. ``make("mpe/simple_spread", num_envs=1024)``."""
     _load_builtin()
     if ":" in name:
+        _check_trusted(name)
         scheme, target = name.split(":", 1)
         if scheme not in _SCHEMES:
             raise EnvError(
@@ -100,8 +152,8 @@ def make(
             # Most often an env of the user's own, registered by code this process never ran.
             hint = (
                 " (`mappo list` shows the available ones); an env of your own is named by its "
-                "import path, python:<module>:<class>, or registered by a module that "
-                "`mappo ... --import <module>` loads first"
+                "import path, python:<module>:<class>, or registered by a module given to "
+                "--import <module> (mappo train, eval, render, list, bench)"
             )
         raise EnvError(f"unknown environment '{name}'{hint}")
     try:

@@ -146,6 +146,7 @@ def run_trial(trial: Trial) -> TrialResult:
         return result
     try:
         if state == "partial":
+            _trust_spec_env(trial)
             run = resume(d, dict(trial.overrides))
         else:
             d.mkdir(parents=True, exist_ok=True)
@@ -161,6 +162,16 @@ def run_trial(trial: Trial) -> TrialResult:
         result.error = _failure(err, [d])
     result.seconds = time.monotonic() - start
     return result
+
+
+def _trust_spec_env(trial: Trial) -> None:
+    """A trial resumes from its folder with the env the spec names (check_unchanged saw to
+    that), so the module of a ``python:`` env name is the user's word, not only the folder's."""
+    from mappo.envs.registry import imported_module, trust_module
+
+    module = imported_module(config_mod.load(trial.preset, dict(trial.overrides)).env.name)
+    if module is not None:
+        trust_module(module)
 
 
 def _failure(err: Exception, dirs: list[Path]) -> str:
@@ -256,6 +267,7 @@ def _run_together(group: list[Trial], resuming: bool) -> list[TrialResult]:
         if resuming:
             # The seed is each run's own; the other overrides are the same for every seed.
             same = {k: v for k, v in group[0].overrides.items() if k != "seed"}
+            _trust_spec_env(group[0])
             runs = resume_seeds(dirs, same)
         else:
             for d in dirs:
@@ -630,6 +642,10 @@ def check_folder(spec: SweepSpec) -> None:
         check_unchanged(trial)
 
 
+FINISHED = "finished, skipped"
+"""What :func:`trial_plan` says of a trial the sweep would skip."""
+
+
 def trial_plan(trial: Trial) -> str:
     """What running the sweep would do with ``trial`` now, as ``--dry-run`` lists it (reading
     only: a trial that logged its whole budget counts as finished, as the sweep would find)."""
@@ -639,7 +655,7 @@ def trial_plan(trial: Trial) -> str:
         if last is not None and last >= trial.total_env_steps:
             state = "finished"
     if state == "finished":
-        return "finished, skipped"
+        return FINISHED
     return "resumes from its checkpoint" if state == "partial" else "new"
 
 
