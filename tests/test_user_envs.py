@@ -9,12 +9,13 @@ import re
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from mappo.cli import main
-from mappo.envs import EnvError, make, registry
+from mappo.envs import ActionError, EnvError, EnvStep, make, registry
 
 DOCS = Path(__file__).parent.parent / "docs" / "environments.md"
 TINY = ["env.num_envs=4", "total_env_steps=300", "eval_episodes=2", "progress=false"]
@@ -228,3 +229,75 @@ def test_a_sweep_resumes_trials_of_a_python_env(user_folder, tmp_path, capsys) -
         assert main(argv) == 0, capsys.readouterr().err
     run = tmp_path / "sw" / "mpe" / "simple_spread_fast" / "default" / "seed1"
     assert json.loads((run / "summary.json").read_text())["env_steps"] == 400
+
+
+def test_dead_agents_masks_may_allow_nothing() -> None:
+    """The output checks allow a dead agent a mask with no action (its action is ignored), so
+    the env's own action validation must not refuse whatever action it is given either (the
+    evaluation of such an env failed at its first step)."""
+    from toy_env import MatchEnv
+
+    class DeadAllowNothing(MatchEnv):
+        def _observe(self, *args: Any, **kwargs: Any) -> EnvStep:
+            step = super()._observe(*args, **kwargs)
+            step.action_mask["agents"][~step.alive["agents"]] = False
+            return step
+
+    env = DeadAllowNothing(num_envs=3, masks=True, deaths=True, num_agents=2)
+    step = env.reset(seed=0)
+    for _ in range(4):
+        actions = step.action_mask["agents"][..., :3].int().argmax(-1, keepdim=True)
+        step = env.step({"agents": actions})
+    assert not step.alive["agents"][:, 1].any() and not step.action_mask["agents"][:, 1].any()
+    step = env.step({"agents": torch.zeros(3, 2, 1, dtype=torch.long)})  # the dead agent's 0
+    # an alive agent's forbidden action is still refused
+    with pytest.raises(ActionError, match="is not allowed by its action mask"):
+        env.step({"agents": torch.full((3, 2, 1), 3, dtype=torch.long)})
+
+
+def test_an_env_changed_since_training_is_named(user_folder, tmp_path, capsys) -> None:
+    # The user edits the env after training (5 colours instead of 4): evaluating or resuming
+    # the run names the difference instead of a shape error inside the networks.
+    module = _example_module(user_folder, f"unused/{uuid.uuid4().hex[:6]}")
+    root = tmp_path / "runs"
+    name = f"python:{module}:GuessTheColor"
+    assert (
+        main(["train", "mpe/simple_spread_fast", f"env.name={name}", *TINY, f"run_dir={root}"]) == 0
+    )
+    run = _one_run(root)
+    source = user_folder / f"{module}.py"
+    source.write_text(source.read_text().replace("num_colors: int = 4", "num_colors: int = 5"))
+    sys.modules.pop(module)
+    before = sorted(p.name for p in (run / "checkpoints").iterdir())
+    capsys.readouterr()
+    for argv, what in (
+        (["eval", str(run), "--episodes", "2"], "evaluate"),
+        (["train", "--resume", str(run), "total_env_steps=600"], "resume"),
+    ):
+        assert main([*argv, "--import", module]) == 2
+        err = capsys.readouterr().err
+        assert "is not the one" in err and "was trained on (group 'players': observation " in err
+        assert f"shape (5,) now, (4,) when trained); {what} with the env's code" in err
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
+
+
+def test_spec_differences_in_words() -> None:
+    from mappo.data import ActionSpec, EnvSpec, GroupSpec, spec_difference, spec_to_dict
+
+    def spec(n: int = 2, obs: int = 4, heads: tuple = (5,), state: int = 8, mask: bool = False):
+        group = GroupSpec(tuple(f"a{i}" for i in range(n)), (obs,), ActionSpec(heads), mask)
+        return EnvSpec({"agents": group}, (state,), 25)
+
+    saved = spec_to_dict(spec())
+    assert spec_difference(saved, spec()) is None
+    assert spec_difference(saved, EnvSpec(spec().groups, (8,), 99)) is None  # limits may change
+    assert spec_difference(saved, spec(n=3)) == "group 'agents' has 3 agents now, 2 when trained"
+    assert spec_difference(saved, spec(heads=(5, 2))) == (
+        "group 'agents': discrete action heads (5, 2) now, (5,) when trained"
+    )
+    assert spec_difference(saved, spec(mask=True)) == (
+        "group 'agents': action masks True now, False when trained"
+    )
+    assert spec_difference(saved, spec(state=9)) == (
+        "the global state has shape (9,) now, (8,) when trained"
+    )

@@ -258,6 +258,7 @@ def _eval_saved(args: argparse.Namespace) -> int:
         **fit_workers(cfg.env.kwargs, args.episodes),
     )
     with env:
+        _check_same_spec(policy.spec, env, cfg.env.name, args.path)
         result = evaluate(policy.model, env, seed=args.seed, deterministic=not args.sample)
     result = {"task": cfg.env.name, "algo": cfg.algo_name, **result}
     # The evaluation is printed first: a GIF that cannot be written does not lose it.
@@ -280,6 +281,19 @@ def _eval_saved(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"wrote {len(frames)} frames to {args.gif}")
     return 0
+
+
+def _check_same_spec(trained: Any, env: Any, name: str, path: str) -> None:
+    """Refuse an env whose spec no longer fits the run's networks (its code or parameters
+    changed since training), in one line instead of a shape error deep in a network."""
+    from mappo.data import spec_difference, spec_to_dict
+
+    problem = spec_difference(spec_to_dict(trained), env.spec)
+    if problem is not None:
+        raise EnvError(
+            f"the env '{name}' is not the one '{path}' was trained on ({problem}); "
+            "evaluate with the env's code and parameters of the training"
+        )
 
 
 def _check_gif_path(path: Path) -> None:

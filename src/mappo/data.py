@@ -273,6 +273,50 @@ def spec_to_dict(spec: EnvSpec) -> dict[str, Any]:
     }
 
 
+def spec_difference(saved: dict[str, Any], spec: EnvSpec) -> str | None:
+    """The first difference that matters to a trained run's networks between the spec a run
+    saved (:func:`spec_to_dict`) and ``spec`` of the env made now, in words; None if none.
+
+    Groups, agent counts, observation, state and action shapes and action masks shape the
+    networks; episode limits and statistics do not, and are not compared."""
+    now = spec_to_dict(spec)
+    if list(saved["groups"]) != list(now["groups"]):
+        return f"groups {list(now['groups'])} now, {list(saved['groups'])} when trained"
+    for name, then in saved["groups"].items():
+        g = now["groups"][name]
+        if len(then["agents"]) != len(g["agents"]):
+            return (
+                f"group '{name}' has {len(g['agents'])} agents now, {len(then['agents'])} "
+                "when trained"
+            )
+        for key, what in _SPEC_FIELDS:
+            old, new = then.get(key), g.get(key)
+            if key in ("low", "high"):  # bounds may change; their count is the action size
+                old, new = (None if v is None else len(v) for v in (old, new))
+            if old != new:
+                return f"group '{name}': {what} {_shown(new)} now, {_shown(old)} when trained"
+    if list(saved["state_shape"]) != list(now["state_shape"]):
+        return (
+            f"the global state has shape {tuple(now['state_shape'])} now, "
+            f"{tuple(saved['state_shape'])} when trained"
+        )
+    return None
+
+
+def _shown(value: Any) -> Any:
+    """A spec field for a message: lists as tuples (shapes read as ``(4,)``)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+_SPEC_FIELDS = (
+    ("obs_shape", "observation shape"),
+    ("nvec", "discrete action heads"),
+    ("low", "continuous action components"),
+    ("has_action_mask", "action masks"),
+    ("agent_state_shape", "agent-specific state shape"),
+)
+
+
 def spec_from_dict(data: dict[str, Any]) -> EnvSpec:
     """Inverse of :func:`spec_to_dict`."""
     groups = {

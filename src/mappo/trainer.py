@@ -36,8 +36,8 @@ from mappo.checkpoint import (  # noqa: F401 - re-exported: part of the trainer'
     tidy_for_resume,
 )
 from mappo.config import TrainConfig
-from mappo.data import spec_to_dict
-from mappo.envs.base import BatchedEnv
+from mappo.data import spec_difference, spec_to_dict
+from mappo.envs.base import BatchedEnv, EnvError
 from mappo.envs.registry import copy_bytes, fit_workers, from_saved, uses_workers
 from mappo.envs.registry import make as make_env
 from mappo.evaluation import evaluate
@@ -162,6 +162,14 @@ class Trainer:
             env.close()
             raise
         self.device = self.env.device
+        if checkpoint is not None and "spec" in checkpoint:
+            problem = spec_difference(checkpoint["spec"], self.env.spec)
+            if problem is not None:
+                self.close()
+                raise EnvError(
+                    f"the env '{cfg.env.name}' is not the one the run was trained on "
+                    f"({problem}); resume with the env's code and parameters of the training"
+                )
         self.learner: Learner = learner if learner is not None else make_learner(cfg, self.env)
         self.iteration = 0
         self.env_steps = 0

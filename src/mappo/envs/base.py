@@ -123,10 +123,10 @@ class BatchedEnv(abc.ABC):
             actions = self.check_actions(actions)
             masks = getattr(self, "_last_action_mask", None)
             if masks:
-                self.check_action_masks(actions, masks)
+                self.check_action_masks(actions, masks, getattr(self, "_last_alive", None))
         result = self._step(actions)
         _check_early_output(self, result, "step")
-        self._last_action_mask = result.action_mask
+        self._last_action_mask, self._last_alive = result.action_mask, result.alive
         return result
 
     @abc.abstractmethod
@@ -264,8 +264,15 @@ class BatchedEnv(abc.ABC):
             )
         return a
 
-    def check_action_masks(self, actions: dict[str, Tensor], masks: dict[str, Tensor]) -> None:
-        """Raise :class:`ActionError` if an action is forbidden by its mask ``[E, n, A]``."""
+    def check_action_masks(
+        self,
+        actions: dict[str, Tensor],
+        masks: dict[str, Tensor],
+        alive: dict[str, Tensor] | None = None,
+    ) -> None:
+        """Raise :class:`ActionError` if an action is forbidden by its mask ``[E, n, A]``. Agents
+        that ``alive`` (``[E, n]`` per group, the last step's) marks dead are not checked: their
+        actions are ignored, and their masks may allow nothing."""
         for name, mask in masks.items():
             if self.spec.groups[name].action.continuous:
                 continue
@@ -273,6 +280,8 @@ class BatchedEnv(abc.ABC):
             offsets = torch.tensor(np.cumsum((0,) + nvec[:-1]), device=self.device)
             flat = actions[name] + offsets
             allowed = mask.gather(-1, flat)
+            if alive is not None and name in alive:
+                allowed = allowed | ~alive[name].unsqueeze(-1)
             if not bool(allowed.all()):
                 idx = tuple(int(i) for i in (~allowed).nonzero()[0])
                 raise ActionError(
@@ -288,7 +297,7 @@ def _remember_masks(fn: Any) -> Any:
         result = fn(self, *args, **kwargs)
         _check_early_output(self, result, fn.__name__)
         if isinstance(result, EnvStep):
-            self._last_action_mask = result.action_mask
+            self._last_action_mask, self._last_alive = result.action_mask, result.alive
         return result
 
     return wrapper
