@@ -270,9 +270,10 @@ class BatchedEnv(abc.ABC):
         masks: dict[str, Tensor],
         alive: dict[str, Tensor] | None = None,
     ) -> None:
-        """Raise :class:`ActionError` if an action is forbidden by its mask ``[E, n, A]``. Agents
-        that ``alive`` (``[E, n]`` per group, the last step's) marks dead are not checked: their
-        actions are ignored, and their masks may allow nothing."""
+        """Raise :class:`ActionError` if an action is forbidden by its mask ``[E, n, A]``. A head
+        whose mask allows nothing is not checked for agents that ``alive`` (``[E, n]`` per group,
+        the last step's) marks dead: their actions are ignored (:func:`check_output` allows
+        them such masks); a dead agent's mask that allows some actions (a no-op) still holds."""
         for name, mask in masks.items():
             if self.spec.groups[name].action.continuous:
                 continue
@@ -281,7 +282,8 @@ class BatchedEnv(abc.ABC):
             flat = actions[name] + offsets
             allowed = mask.gather(-1, flat)
             if alive is not None and name in alive:
-                allowed = allowed | ~alive[name].unsqueeze(-1)
+                empty = ~torch.stack([h.any(-1) for h in mask.split(nvec, dim=-1)], dim=-1)
+                allowed = allowed | (empty & ~alive[name].unsqueeze(-1))
             if not bool(allowed.all()):
                 idx = tuple(int(i) for i in (~allowed).nonzero()[0])
                 raise ActionError(
