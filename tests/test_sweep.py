@@ -133,6 +133,10 @@ def test_spec_expands_the_grid_and_checks_every_trial(tmp_path):
         ("presets: [TINY]\ngrid: {name: ['" + "x" * 300 + "']}\n", "too long"),
         ("presets: [TINY]\nmetric: eval_return_mean\n", "did you mean 'eval/eval_return_mean'?"),
         ("presets: [TINY]\nmetric: score\n", "is 'score', which no run logs (columns of"),
+        (
+            "presets: [TINY]\ngrid: {env.name: [mpe/simple_sprad]}\n",
+            "unknown environment 'mpe/simple_sprad'; did you mean 'mpe/simple_spread'?",
+        ),
     ],
 )
 def test_bad_specs_are_one_line_errors(tmp_path, capsys, body, message):

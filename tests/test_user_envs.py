@@ -81,6 +81,10 @@ def test_a_python_path_name_trains_evaluates_and_resumes(user_folder, tmp_path, 
     assert main(["bench", "env", "--envs", name, "--num-envs", "2", "--seconds", "0.01"]) == 0
     assert name in capsys.readouterr().out
     # The docs' example draws nothing: render says so in one line and writes no file.
+    # the command that a Ctrl-C prints to continue the run names the module to trust
+    from mappo.cli import _import_option
+
+    assert _import_option(run) == f" --import {module}"
     assert main(["render", name, "--gif", str(tmp_path / "a.gif")]) == 2
     err = capsys.readouterr().err
     assert "cannot render frames (GuessTheColor does not implement render())" in err

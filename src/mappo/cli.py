@@ -247,6 +247,8 @@ def _eval_saved(args: argparse.Namespace) -> int:
     from mappo.evaluation import evaluate
     from mappo.trainer import check_evaluation_memory
 
+    if args.gif:
+        _check_gif_path(args.gif)  # before the evaluation, which may take long
     policy = load_policy(args.path, device=args.device)
     cfg = policy.config
     check_evaluation_memory(cfg, args.episodes, args.device)
@@ -266,7 +268,6 @@ def _eval_saved(args: argparse.Namespace) -> int:
     if args.gif:
         from mappo.envs.rendering import record_episode, save_gif
 
-        _check_gif_path(args.gif)
         single = make(
             cfg.env.name,
             num_envs=1,
@@ -315,6 +316,15 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     # the words after the env's name are its parameters, e.g. num_agents=4
     kwargs = config_mod.parse_overrides(args.kwargs, "num_agents=4") if args.kwargs else {}
+    fixes = {
+        "seed": "use --seed N",
+        "num_envs": "it draws one env",
+        "device": "it draws on the CPU",
+    }
+    for key in sorted(set(kwargs) & set(fixes)):
+        raise config_mod.ConfigError(
+            f"'{key}=' is not an env parameter here: render sets it itself ({fixes[key]})"
+        )
     _check_gif_path(args.gif)
     with make(args.env, num_envs=1, seed=args.seed, **kwargs) as env:
         frames = record_episode(env, None, num_steps=args.steps)
@@ -674,6 +684,18 @@ def _os_error(err: OSError) -> str:
     return f"{reason}{where}{extra}"
 
 
+def _import_option(run_dir: Path) -> str:
+    """`` --import <module>`` where the run's env name imports a module (``python:...``), which
+    a resume must be told to trust; else empty."""
+    from mappo.envs.registry import imported_module
+
+    try:
+        module = imported_module(config_mod.load(str(run_dir / "config.yaml")).env.name)
+    except Exception:  # the hint is best effort; the run's files are checked on resume
+        return ""
+    return f" --import {module}" if module else ""
+
+
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
     print("mappo: warning: " + " ".join(str(message).split()), file=sys.stderr)
 
@@ -681,7 +703,17 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 def main(argv: list[str] | None = None) -> int:
     from mappo.trainer import RunInterrupted, TrainingDiverged
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # KEY=VALUE words after an option (`--import my_envs env.name=...`) are the same
+    # overrides as before it; argparse only takes positional words before the first option.
+    words = next(
+        (w for w in ("overrides", "kwargs") if isinstance(getattr(args, w, None), list)), None
+    )
+    if extra and words and all("=" in w and not w.startswith("-") for w in extra):
+        setattr(args, words, [*getattr(args, words), *extra])
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     warnings.showwarning = _show_warning
     try:
         _import_modules(args)
@@ -712,7 +744,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"stopped at once at env step {err.env_steps:,} (a second signal), without "
                     f"a checkpoint there; the newest is {err.checkpoint}"
                 )
-            print(f"mappo: {what}; continue with: mappo train --resume {dirs}", file=sys.stderr)
+            again = f"mappo train --resume {dirs}{_import_option(err.run_dir)}"
+            print(f"mappo: {what}; continue with: {again}", file=sys.stderr)
         return 128 + err.signum
     except KeyboardInterrupt:
         print("mappo: interrupted", file=sys.stderr)

@@ -589,8 +589,19 @@ def apply(cfg: TrainConfig, values: dict[str, Any]) -> TrainConfig:
     return cfg
 
 
+_RUN_OWNED_KWARGS = {"num_envs": "env.num_envs", "seed": "seed", "device": "device"}
+"""Env constructor arguments that the run itself passes, and the config keys that set them."""
+
+
 def check(cfg: TrainConfig) -> None:
     """Checks that involve more than one field."""
+    owned = sorted(set(cfg.env.kwargs or {}) & set(_RUN_OWNED_KWARGS))
+    if owned:
+        key = owned[0]
+        raise ConfigError(
+            f"config field 'env.kwargs' sets '{key}', which the run passes to the env itself; "
+            f"set {_RUN_OWNED_KWARGS[key]}={cfg.env.kwargs[key]!r} instead"
+        )
     if not isinstance(cfg.algo, ALGO_CLASSES[cfg.algo.name]):
         raise ConfigError(
             f"config field 'algo.name' is {cfg.algo.name!r} but the algo section is a "

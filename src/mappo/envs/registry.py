@@ -144,7 +144,19 @@ def make(
                 f"{sorted(_SCHEMES)}"
             )
         return _SCHEMES[scheme](target, num_envs=num_envs, device=device, seed=seed, **kwargs)
-    if name not in _ENVS:
+    check_name(name)
+    try:
+        return _ENVS[name].factory(num_envs=num_envs, device=device, seed=seed, **kwargs)
+    except TypeError as err:
+        # A misspelt keyword argument surfaces as a TypeError from the constructor.
+        raise EnvError(f"bad parameter for environment '{name}': {err}") from err
+
+
+def check_name(name: str) -> None:
+    """Raise :class:`EnvError` for a registered-style name (no ``scheme:``) that no env has,
+    naming the nearest one; scheme names are checked when they are built."""
+    _load_builtin()
+    if ":" not in name and name not in _ENVS:
         close = difflib.get_close_matches(name, list(_ENVS), n=1)
         if close:
             hint = f"; did you mean '{close[0]}'? (`mappo list` shows the available ones)"
@@ -156,11 +168,6 @@ def make(
                 "--import <module> (mappo train, eval, render, list, bench)"
             )
         raise EnvError(f"unknown environment '{name}'{hint}")
-    try:
-        return _ENVS[name].factory(num_envs=num_envs, device=device, seed=seed, **kwargs)
-    except TypeError as err:
-        # A misspelt keyword argument surfaces as a TypeError from the constructor.
-        raise EnvError(f"bad parameter for environment '{name}': {err}") from err
 
 
 def fit_workers(kwargs: dict[str, Any], num_envs: int) -> dict[str, Any]:

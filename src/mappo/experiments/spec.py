@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from mappo import config as config_mod
+from mappo.envs.base import EnvError
+from mappo.envs.registry import check_name
 from mappo.experiments import runs as runs_mod
 
 SPEC_DIR = Path(__file__).parent / "specs"
@@ -231,6 +233,10 @@ def _expand(spec: SweepSpec, root: Path, path: Path) -> list[Trial]:
                 try:
                     cfg = config_mod.load(preset, overrides)
                 except config_mod.ConfigError as err:
+                    raise SweepError(f"trial {trial_id} of '{path}': {err}") from None
+                try:  # an env name's typo, before any trial trains
+                    check_name(cfg.env.name)
+                except EnvError as err:
                     raise SweepError(f"trial {trial_id} of '{path}': {err}") from None
                 if cfg.num_seeds > 1:
                     raise SweepError(
