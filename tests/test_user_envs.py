@@ -305,3 +305,41 @@ def test_spec_differences_in_words() -> None:
     assert spec_difference(saved, spec(state=9)) == (
         "the global state has shape (9,) now, (8,) when trained"
     )
+
+
+def test_an_env_of_ones_own_that_raises_is_one_line(user_folder, tmp_path, capsys, monkeypatch):
+    """A user's env raising in reset or step is named in one line with the method (exit 2);
+    MAPPO_DEBUG=1 shows the traceback instead. The library's own envs are not wrapped."""
+    from toy_env import MatchEnv
+
+    class Broken(MatchEnv):
+        def _step(self, actions: dict) -> EnvStep:
+            raise ZeroDivisionError("my physics exploded\nsecond line")
+
+    env = Broken(num_envs=2)
+    env.reset(seed=0)
+    with pytest.raises(EnvError) as info:
+        env.step({"agents": torch.zeros(2, 2, 1, dtype=torch.long)})
+    assert str(info.value) == (
+        "toy/match: step() raised ZeroDivisionError: my physics exploded (MAPPO_DEBUG=1 shows "
+        "the traceback)"
+    )
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+    (user_folder / "raising_envs.py").write_text(
+        "from toy_env import MatchEnv\n"
+        "class ResetRaises(MatchEnv):\n"
+        "    def reset(self, seed=None):\n"
+        "        raise KeyError('oops')\n"
+    )
+    argv = ["train", "mpe/simple_spread_fast", "env.name=python:raising_envs:ResetRaises", *TINY]
+    argv = [*argv[:-1], f"run_dir={tmp_path / 'runs'}"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        "mappo: error: python:raising_envs:ResetRaises: reset() raised KeyError: 'oops' "
+        "(MAPPO_DEBUG=1 shows the traceback)\n"
+    )
+    monkeypatch.setenv("MAPPO_DEBUG", "1")
+    with pytest.raises(EnvError) as info:
+        main(argv)
+    assert isinstance(info.value.__cause__, KeyError)

@@ -2,8 +2,9 @@
 report many runs.
 
 Every error a user can cause (a bad config key or value, a missing or unwritable file, a bad
-environment parameter, a run sized beyond the machine) is printed as one line starting with
-``mappo: error:`` and exits with status 2. Training that diverges (a NaN or inf loss, gradient or
+environment parameter, a run sized beyond the machine, an env of one's own that raises) is
+printed as one line starting with ``mappo: error:`` and exits with status 2 (``MAPPO_DEBUG=1``
+shows its traceback instead). Training that diverges (a NaN or inf loss, gradient or
 parameter) exits with status 3, keeping its newest finite checkpoint. SIGINT (Ctrl-C) and SIGTERM
 stop training after the current update with a checkpoint and the command that resumes it, with
 status 130 and 143. A sweep whose trials failed exits with status 1 after the others finished.
@@ -719,6 +720,8 @@ def main(argv: list[str] | None = None) -> int:
         _import_modules(args)
         return args.func(args)
     except (config_mod.ConfigError, EnvError, CheckpointError, MetricsError, ResultsError) as err:
+        if os.environ.get("MAPPO_DEBUG"):  # the traceback, for one's own env or code
+            raise
         _error(err)
         return EXIT_USAGE
     except OSError as err:

@@ -124,7 +124,13 @@ class BatchedEnv(abc.ABC):
             masks = getattr(self, "_last_action_mask", None)
             if masks:
                 self.check_action_masks(actions, masks, getattr(self, "_last_alive", None))
-        result = self._step(actions)
+        try:
+            result = self._step(actions)
+        except Exception as err:
+            failure = _failed(self, "step", err)
+            if failure is err:
+                raise
+            raise failure from err
         _check_early_output(self, result, "step")
         self._last_action_mask, self._last_alive = result.action_mask, result.alive
         return result
@@ -296,13 +302,42 @@ class BatchedEnv(abc.ABC):
 def _remember_masks(fn: Any) -> Any:
     @functools.wraps(fn)
     def wrapper(self: BatchedEnv, *args: Any, **kwargs: Any) -> EnvStep:
-        result = fn(self, *args, **kwargs)
+        try:
+            result = fn(self, *args, **kwargs)
+        except Exception as err:
+            failure = _failed(self, fn.__name__, err)
+            if failure is err:
+                raise
+            raise failure from err
         _check_early_output(self, result, fn.__name__)
         if isinstance(result, EnvStep):
             self._last_action_mask, self._last_alive = result.action_mask, result.alive
         return result
 
     return wrapper
+
+
+def one_line(err: BaseException) -> str:
+    """``Type: first line of the message``: an error named in one line, without traceback."""
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
+def _users_env(env: BatchedEnv) -> bool:
+    """Whether ``env`` is written outside this library (a user's env, which gets the checks
+    and one-line errors a new env needs; the library's own envs are tested instead)."""
+    return type(env).__module__.split(".")[0] != "mappo"
+
+
+def _failed(env: BatchedEnv, method: str, err: Exception) -> Exception:
+    """What a user's env raising ``err`` in ``method`` becomes: one line naming the env and the
+    method (an :class:`EnvError` or :class:`ActionError` passes as it is). ``MAPPO_DEBUG=1``
+    makes the ``mappo`` command show the traceback instead."""
+    if isinstance(err, EnvError) or not _users_env(env):
+        return err
+    return EnvError(
+        f"{env.name}: {method}() raised {one_line(err)} (MAPPO_DEBUG=1 shows the traceback)"
+    )
 
 
 OUTPUT_CHECKS = 8
@@ -313,7 +348,7 @@ steps, and later steps then cost nothing. The library's own envs are tested inst
 
 def _check_early_output(env: BatchedEnv, step: Any, method: str) -> None:
     """:func:`check_output` on the first :data:`OUTPUT_CHECKS` outputs of a user's env."""
-    if type(env).__module__.split(".")[0] == "mappo":
+    if not _users_env(env):
         return
     done = env.__dict__.get("_outputs_checked", 0)
     if done < OUTPUT_CHECKS:

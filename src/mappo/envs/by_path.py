@@ -62,11 +62,13 @@ def make_python(
             "device=, seed= and the keys of env.kwargs)"
         ) from err
     try:
-        return obj(num_envs=num_envs, device=device, seed=seed, **kwargs)
+        env = obj(num_envs=num_envs, device=device, seed=seed, **kwargs)
     except EnvError:
         raise
     except Exception as err:  # the env refused its arguments (or has a bug): one line
         raise EnvError(f"{name}: {reached}(...) raised {one_line(err)}") from err
+    env.name = name  # its errors then name it as the user did (the class's name may be a copy)
+    return env
 
 
 def _kind(obj: Any) -> str:

@@ -16,13 +16,9 @@ import sys
 from collections.abc import Mapping
 from types import ModuleType
 
-from mappo.envs.base import EnvError
+from mappo.envs.base import EnvError, one_line
 
-
-def one_line(err: BaseException) -> str:
-    """``Type: first line of the message``: an error named in one line, without traceback."""
-    lines = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+__all__ = ["one_line", "require_module"]
 
 
 def require_module(what: str, module: str, extras: Mapping[str, str] | None = None) -> ModuleType:
