@@ -142,6 +142,10 @@ class _Broken(MatchEnv):
             out.obs = {"players": obs}
         elif self.fault == "mask_none":
             out.action_mask = {"agents": torch.zeros_like(mask)}
+        elif self.fault == "stat_missing":
+            out.stats = {}
+        elif self.fault == "stat_shape":
+            out.stats = {**out.stats, "accuracy": out.stats["accuracy"][:2]}
         return out
 
 
@@ -156,6 +160,8 @@ class _Broken(MatchEnv):
         ("done_float", "terminated has dtype torch.float32, expected bool"),
         ("group", "obs has the groups \\['players'\\], the spec's are \\['agents'\\]"),
         ("mask_none", "action_mask\\['agents'\\] allows no action for alive agent 0 of env 0"),
+        ("stat_missing", "stats has no 'accuracy', which spec.stat_names lists; return it from"),
+        ("stat_shape", "stats\\['accuracy'\\] has shape \\[2\\], the spec asks for \\[4\\]"),
     ],
 )
 def test_a_users_env_is_checked_on_its_first_outputs(fault, message):
@@ -174,3 +180,45 @@ def test_a_users_env_is_checked_on_its_first_outputs(fault, message):
     for _ in range(OUTPUT_CHECKS + 2):
         step = sound.step(actions)
     assert sound.__dict__["_outputs_checked"] == OUTPUT_CHECKS and step.obs["agents"].shape[0] == 4
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"obs_shape": 5},
+            "groups\\['agents'\\].obs_shape must be a tuple of positive whole numbers",
+        ),
+        (
+            {"obs_shape": (2.5,)},
+            "obs_shape must be a tuple of positive whole numbers, e.g. \\(4,\\)",
+        ),
+        ({"agents": ()}, "group 'agents' needs at least one agent"),
+        ({"state_shape": (0,)}, "state_shape must be a tuple of positive whole numbers"),
+        ({"episode_limit": None}, "episode_limit must be a positive whole number of steps"),
+        (
+            {"stat_names": "hits"},
+            "stat_names must be a tuple of names, e.g. \\('hits',\\), got 'hits'",
+        ),
+        ({"groups": {}}, "groups must be a dict of at least one GroupSpec"),
+    ],
+)
+def test_a_users_spec_is_checked_when_the_env_is_made(change, message):
+    """A hand-written spec's slips are named before any network is built from it (they were
+    tracebacks inside the networks, or silently wrong statistics)."""
+    import dataclasses
+
+    from mappo.envs import EnvError, make, register
+
+    class Slipped(MatchEnv):
+        def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+            super().__init__(*args, **kwargs)
+            group = self.spec.groups["agents"]
+            group_keys = {k: v for k, v in change.items() if k in ("obs_shape", "agents")}
+            groups = {"agents": dataclasses.replace(group, **group_keys)}
+            spec_keys = {k: v for k, v in change.items() if k not in group_keys}
+            self.spec = dataclasses.replace(self.spec, **{"groups": groups, **spec_keys})
+
+    register("toy/slipped", Slipped)
+    with pytest.raises(EnvError, match="^toy/match: spec: .*" + message):
+        make("toy/slipped", num_envs=2)

@@ -323,7 +323,7 @@ def one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
 
 
-def _users_env(env: BatchedEnv) -> bool:
+def is_users_env(env: BatchedEnv) -> bool:
     """Whether ``env`` is written outside this library (a user's env, which gets the checks
     and one-line errors a new env needs; the library's own envs are tested instead)."""
     return type(env).__module__.split(".")[0] != "mappo"
@@ -333,7 +333,7 @@ def _failed(env: BatchedEnv, method: str, err: Exception) -> Exception:
     """What a user's env raising ``err`` in ``method`` becomes: one line naming the env and the
     method (an :class:`EnvError` or :class:`ActionError` passes as it is). ``MAPPO_DEBUG=1``
     makes the ``mappo`` command show the traceback instead."""
-    if isinstance(err, EnvError) or not _users_env(env):
+    if isinstance(err, EnvError) or not is_users_env(env):
         return err
     return EnvError(
         f"{env.name}: {method}() raised {one_line(err)} (MAPPO_DEBUG=1 shows the traceback)"
@@ -348,12 +348,54 @@ steps, and later steps then cost nothing. The library's own envs are tested inst
 
 def _check_early_output(env: BatchedEnv, step: Any, method: str) -> None:
     """:func:`check_output` on the first :data:`OUTPUT_CHECKS` outputs of a user's env."""
-    if not _users_env(env):
+    if not is_users_env(env):
         return
     done = env.__dict__.get("_outputs_checked", 0)
     if done < OUTPUT_CHECKS:
         env.__dict__["_outputs_checked"] = done + 1
         check_output(env, step, method)
+
+
+def check_spec(env: BatchedEnv) -> None:
+    """Check the types in ``env.spec`` (shapes of whole numbers, at least one group and agent,
+    statistics as a tuple of names): a spec written by hand is read by the networks and the
+    trainer, where a mistake would surface as a traceback far from it. Raises :class:`EnvError`."""
+    spec = getattr(env, "spec", None)
+    name = f"{env.name}: spec"
+    if not isinstance(spec, EnvSpec):
+        raise EnvError(f"{name} must be an EnvSpec, got {type(spec).__name__}")
+
+    def shape(field: str, value: Any) -> None:
+        ok = isinstance(value, tuple | list) and all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in value
+        )
+        if not ok:
+            raise EnvError(
+                f"{name}: {field} must be a tuple of positive whole numbers, e.g. (4,), got "
+                f"{value!r}"
+            )
+
+    if not isinstance(spec.groups, dict) or not spec.groups:
+        raise EnvError(f"{name}: groups must be a dict of at least one GroupSpec")
+    for g, gs in spec.groups.items():
+        if not isinstance(gs, GroupSpec):
+            raise EnvError(f"{name}: group '{g}' must be a GroupSpec, got {type(gs).__name__}")
+        if not isinstance(gs.agents, tuple | list) or not gs.agents:
+            raise EnvError(f"{name}: group '{g}' needs at least one agent, got {gs.agents!r}")
+        shape(f"groups['{g}'].obs_shape", gs.obs_shape)
+        if gs.agent_state_shape is not None:
+            shape(f"groups['{g}'].agent_state_shape", gs.agent_state_shape)
+    shape("state_shape", spec.state_shape)
+    limit = spec.episode_limit
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise EnvError(
+            f"{name}: episode_limit must be a positive whole number of steps, got {limit!r}"
+        )
+    names = spec.stat_names
+    if not isinstance(names, tuple | list) or not all(isinstance(n, str) for n in names):
+        raise EnvError(
+            f"{name}: stat_names must be a tuple of names, e.g. ('hits',), got {names!r}"
+        )
 
 
 def check_output(env: BatchedEnv, step: Any, method: str = "step") -> None:
@@ -362,6 +404,7 @@ def check_output(env: BatchedEnv, step: Any, method: str = "step") -> None:
     allowed action (in every head) for every alive agent with a mask. Raises
     :class:`EnvError` naming the env, the field, what it holds and what the spec asks for.
     Called on the first outputs of envs written outside this library; call it on yours too."""
+    check_spec(env)
     name = f"{env.name}: {method}()"
     if not isinstance(step, EnvStep):
         raise EnvError(f"{name} must return an EnvStep, got {type(step).__name__}")
@@ -416,3 +459,13 @@ def check_output(env: BatchedEnv, step: Any, method: str = "step") -> None:
                     f"{env_i}; allow at least one (a no-op), or mark the agent not alive"
                 )
             start += size
+    stats = step.stats if isinstance(step.stats, dict) else {}
+    for stat in spec.stat_names:
+        if stat in stats:
+            tensor(f"stats['{stat}']", stats[stat], (e,), floats)
+        elif method == "step":  # (no episode has ended at a reset)
+            # the trainer would average a 0 over the episodes that ended, silently
+            raise EnvError(
+                f"{name}: stats has no '{stat}', which spec.stat_names lists; return it from "
+                "every step, for every env (its value counts where an episode ended)"
+            )

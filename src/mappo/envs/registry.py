@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from mappo.envs.base import BatchedEnv, EnvError
+from mappo.envs.base import BatchedEnv, EnvError, check_spec, is_users_env
 
 EnvFactory = Callable[..., BatchedEnv]
 """``factory(num_envs=..., device=..., seed=..., **kwargs) -> BatchedEnv``."""
@@ -143,13 +143,21 @@ def make(
                 f"unknown environment scheme '{scheme}' in '{name}'; known schemes: "
                 f"{sorted(_SCHEMES)}"
             )
-        return _SCHEMES[scheme](target, num_envs=num_envs, device=device, seed=seed, **kwargs)
-    check_name(name)
-    try:
-        return _ENVS[name].factory(num_envs=num_envs, device=device, seed=seed, **kwargs)
-    except TypeError as err:
-        # A misspelt keyword argument surfaces as a TypeError from the constructor.
-        raise EnvError(f"bad parameter for environment '{name}': {err}") from err
+        env = _SCHEMES[scheme](target, num_envs=num_envs, device=device, seed=seed, **kwargs)
+    else:
+        check_name(name)
+        try:
+            env = _ENVS[name].factory(num_envs=num_envs, device=device, seed=seed, **kwargs)
+        except TypeError as err:
+            # A misspelt keyword argument surfaces as a TypeError from the constructor.
+            raise EnvError(f"bad parameter for environment '{name}': {err}") from err
+    if isinstance(env, BatchedEnv) and is_users_env(env):
+        try:  # before any network is built from it
+            check_spec(env)
+        except EnvError:
+            env.close()
+            raise
+    return env
 
 
 def check_name(name: str) -> None:
