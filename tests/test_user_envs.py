@@ -68,7 +68,7 @@ def test_a_python_path_name_trains_evaluates_and_resumes(user_folder, tmp_path, 
     assert capsys.readouterr().err == (
         f"mappo: error: '{run}' names its env by import path ({name}); opening a saved run "
         f"imports no module named in it on its own: if you trust the code of '{module}', pass "
-        f"--import {module}\n"
+        f"--import {module} (from Python: mappo.envs.trust_module('{module}'))\n"
     )
     assert module not in sys.modules
     assert main(["eval", str(run), "--episodes", "3", "--json", "--import", module]) == 0

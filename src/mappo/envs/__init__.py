@@ -9,7 +9,7 @@ from mappo.envs.base import (
     EnvStep,
     GroupSpec,
 )
-from mappo.envs.registry import list_envs, make, register, register_scheme
+from mappo.envs.registry import list_envs, make, register, register_scheme, trust_module
 
 __all__ = [
     "ActionError",
@@ -23,4 +23,5 @@ __all__ = [
     "make",
     "register",
     "register_scheme",
+    "trust_module",
 ]

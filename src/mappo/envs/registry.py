@@ -79,7 +79,7 @@ def _check_trusted(name: str) -> None:
     raise EnvError(
         f"'{source}' names its env by import path ({name}); opening a saved run imports no "
         f"module named in it on its own: if you trust the code of '{module}', pass "
-        f"--import {module}"
+        f"--import {module} (from Python: mappo.envs.trust_module('{module}'))"
     )
 
 
