@@ -108,7 +108,7 @@ def test_time_to_a_target_is_judged_by_the_mean_of_consecutive_evaluations(tmp_p
     assert main(["report", str(tmp_path), "--target", "-120"]) == 0
     out = capsys.readouterr().out
     assert "| reached -120 (mean of 3) | env steps to it (median) | wall to it" in out
-    assert "| 2 / 3 | 4k | 35 s, 40 s |" in out
+    assert "| 2 / 3 | 3.5k | 35 s, 40 s |" in out
     assert main(["report", str(tmp_path), "--target", "-120", "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["reached"] == 2
     assert main(["report", str(tmp_path), "--target", "-100", "--format", "json"]) == 0
@@ -272,3 +272,16 @@ def test_a_row_still_being_written_is_not_read(tmp_path):
     record = read_run(run)
     assert list(record.columns["env_steps"]) == [950.0, 1000.0, 1950.0, 2000.0]
     assert last_logged_step(run) == 2000
+
+
+def test_step_counts_read_at_every_scale():
+    from mappo.experiments.report import _steps
+
+    assert [_steps(v) for v in (500, 2000, 3500, 12_345, 2_500_000)] == [
+        "500",
+        "2k",
+        "3.5k",
+        "12k",
+        "2.50M",
+    ]
+    assert _steps(float("nan")) == "-"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import uuid
 from pathlib import Path
@@ -343,3 +344,63 @@ def test_an_env_of_ones_own_that_raises_is_one_line(user_folder, tmp_path, capsy
     with pytest.raises(EnvError) as info:
         main(argv)
     assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_a_failed_evaluation_keeps_the_training_before_it(user_folder, tmp_path, capsys) -> None:
+    """An env that raises only in the evaluation (its own env copy, of eval_episodes envs)
+    loses nothing trained: the iteration is saved before the one-line error, which says where
+    and what to do next (evaluate after the last iteration, resume before it)."""
+    (user_folder / "eval_fails.py").write_text(
+        "from toy_env import MatchEnv\n"
+        "class FailsInEval(MatchEnv):\n"
+        "    def _step(self, actions):\n"
+        "        if self.num_envs == 3:\n"
+        "            raise RuntimeError('only the eval env breaks')\n"
+        "        return super()._step(actions)\n"
+    )
+    root = tmp_path / "runs"
+    base = ["train", "mpe/simple_spread_fast", "env.name=python:eval_fails:FailsInEval"]
+    base += ["env.num_envs=4", "eval_episodes=3", "progress=false", "algo.epochs=1"]
+    base += ["env.kwargs={}", "checkpoint_interval=1000", f"run_dir={root}"]
+    # the final evaluation
+    assert main([*base, "total_env_steps=300", "eval_interval=0"]) == 2
+    run = _one_run(root)
+    (saved,) = (run / "checkpoints").glob("iter_*.pt")
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "mappo: error: python:eval_fails:FailsInEval: step() raised RuntimeError: only the eval "
+        "env breaks (MAPPO_DEBUG=1 shows the traceback); the evaluation at env step "
+    )
+    assert err.endswith(
+        f"failed; the training up to it is saved in {saved}; evaluate it with: mappo eval {run} "
+        "--import eval_fails\n"
+    )
+    assert main(["eval", str(run), "--import", "eval_fails", "--episodes", "2", "--json"]) == 0
+    capsys.readouterr()
+    # an evaluation before the end: the run resumes from the saved iteration
+    shutil.rmtree(root)
+    assert main([*base, "total_env_steps=600", "eval_interval=1"]) == 2
+    run = _one_run(root)
+    (saved,) = (run / "checkpoints").glob("iter_*.pt")
+    assert capsys.readouterr().err.endswith(
+        f"failed; the training up to it is saved in {saved}; continue with: mappo train "
+        f"--resume {run} --import eval_fails\n"
+    )
+    # stacked seeds: every seed saves the iteration, so that they resume together
+    shutil.rmtree(root)
+    assert main([*base, "total_env_steps=600", "eval_interval=1", "num_seeds=2"]) == 2
+    capsys.readouterr()
+    runs = sorted(p.parent for p in root.glob("**/checkpoints"))
+    assert len(runs) == 2
+    assert [[c.name for c in (r / "checkpoints").glob("iter_*.pt")] for r in runs] == [
+        ["iter_00000001.pt"],
+        ["iter_00000001.pt"],
+    ]
+    # resumed together, they train to the end, where the final evaluation fails again
+    resume = ["train", "--resume", *map(str, runs), "--import", "eval_fails", "eval_interval=0"]
+    assert main([*resume, "progress=false"]) == 2
+    assert "the evaluation at env step 600 failed" in capsys.readouterr().err
+    assert [sorted(c.name for c in (r / "checkpoints").glob("iter_*.pt"))[-1] for r in runs] == [
+        "iter_00000006.pt",
+        "iter_00000006.pt",
+    ]

@@ -38,7 +38,13 @@ from mappo.checkpoint import (  # noqa: F401 - re-exported: part of the trainer'
 from mappo.config import TrainConfig
 from mappo.data import spec_difference, spec_to_dict
 from mappo.envs.base import BatchedEnv, EnvError
-from mappo.envs.registry import copy_bytes, fit_workers, from_saved, uses_workers
+from mappo.envs.registry import (
+    copy_bytes,
+    fit_workers,
+    from_saved,
+    imported_module,
+    uses_workers,
+)
 from mappo.envs.registry import make as make_env
 from mappo.evaluation import evaluate
 from mappo.learners import Learner, make_learner
@@ -182,6 +188,7 @@ class Trainer:
         self.stop_signal: int | None = None
         """Set (by a signal handler) to stop after the current iteration with a checkpoint."""
         self.last_checkpoint: Path | None = None
+        self.saved_iteration = -1  # the iteration of the checkpoint this process saved last
         self._alive_checked = False
         if checkpoint is not None:
             self._restore(checkpoint)
@@ -247,6 +254,7 @@ class Trainer:
             self.iteration,
             self.cfg.keep_checkpoints,
         )
+        self.saved_iteration = self.iteration
         return self.last_checkpoint
 
     def check_finite(self, result: dict[str, float]) -> None:
@@ -388,7 +396,12 @@ class Trainer:
                 **{f"loss/{k}": v for k, v in result.items()},
             }
             if evaluating:
-                metrics.update({f"eval/{k}": v for k, v in self.evaluate().items()})
+                try:
+                    evaluated = self.evaluate()
+                except Exception as err:
+                    self._save_before_raising(err, last)
+                    raise
+                metrics.update({f"eval/{k}": v for k, v in evaluated.items()})
             if logger is not None:
                 logger.log(self.env_steps, metrics)
             if progress is not None:
@@ -401,6 +414,34 @@ class Trainer:
             # config leaves out of them): it must finish within a SIGTERM's grace period.
             self.save_checkpoint(time.perf_counter() - self._start, periodic=not last)
         return stopping and not last
+
+    def _save_before_raising(self, err: Exception, last: bool) -> None:
+        """Save a checkpoint of the iteration just trained when its evaluation raised (an
+        eval env of the user's own that fails, a broken render), and say so in ``err``'s
+        message: the training since the last checkpoint is not lost with the evaluation. The
+        checkpoint is one a run stopped by a signal writes; the evaluation is not counted, so
+        a resumed run evaluates with the same seed again."""
+        if self.run_dir is None:
+            return
+        try:
+            path = self.save_checkpoint(time.perf_counter() - self._start, periodic=True)
+        except Exception:  # the evaluation's error is the one to report
+            return
+        module = imported_module(self.cfg.env.name)
+        trust = f" --import {module}" if module else ""
+        then = (
+            f"evaluate it with: mappo eval {self.run_dir}{trust}"
+            if last
+            else f"continue with: mappo train --resume {self.run_dir}{trust}"
+        )
+        saved = (
+            f"the evaluation at env step {self.env_steps:,} failed; the training up to it is "
+            f"saved in {path}; {then}"
+        )
+        if len(err.args) == 1 and isinstance(err.args[0], str):
+            err.args = (f"{err.args[0]}; {saved}",)
+        else:
+            warnings.warn(f"{self.error_prefix}{saved}", stacklevel=3)
 
     def raise_interrupted(self, others: list[Path] | None = None) -> None:
         """Raise :class:`RunInterrupted` for the signal that stopped this run (``others``: the
@@ -844,6 +885,18 @@ def _stop_on_signals(trainers: list[Trainer]) -> Iterator[None]:
             signal.signal(sig, old)
 
 
+def _save_unsaved(trainers: list[Trainer]) -> None:
+    """Save a checkpoint of each trainer whose newest one is not of its current iteration, if
+    any of them saved this iteration (the seeds of a stacked run stopped by an error)."""
+    now = [t for t in trainers if t.saved_iteration == t.iteration]
+    if not now:
+        return
+    for t in trainers:
+        if t.run_dir is not None and t.saved_iteration != t.iteration:
+            with contextlib.suppress(Exception):  # the error that stopped them comes first
+                t.save_checkpoint(time.perf_counter() - t._start, periodic=True)
+
+
 def _run(
     trainers: list[Trainer],
     iterate_all: Callable[[], list[dict[str, float]]],
@@ -890,7 +943,13 @@ def _run(
                     stopping = False
                     for k, (t, result) in enumerate(zip(trainers, results, strict=True)):
                         shown = progress if k == 0 else None
-                        stopping = t.after_iteration(result, loggers[k], shown, signalled)
+                        try:
+                            stopping = t.after_iteration(result, loggers[k], shown, signalled)
+                        except Exception:
+                            # (an evaluation that raised saved its seed's iteration) the other
+                            # seeds save theirs too: stacked seeds resume at one iteration
+                            _save_unsaved(trainers)
+                            raise
                     if stopping:
                         trainers[0].raise_interrupted([t.run_dir for t in trainers[1:]])  # type: ignore[misc]
                 summaries = [t.finish() for t in trainers]

@@ -185,7 +185,12 @@ def _num(value: float, digits: int = 2) -> str:
 def _steps(value: float) -> str:
     if not math.isfinite(value):
         return "-"
-    return f"{value / 1e6:.2f}M" if value >= 1e6 else f"{value / 1e3:.0f}k"
+    if value >= 1e6:
+        return f"{value / 1e6:.2f}M"
+    if value >= 1e4:
+        return f"{value / 1e3:.0f}k"
+    # short runs (a smoke test's 500 steps read "0k" when rounded to thousands)
+    return f"{value / 1e3:.3g}k" if value >= 1e3 else f"{value:.0f}"
 
 
 def format_markdown(rows: list[ReportRow]) -> str:
