@@ -134,11 +134,21 @@ class SimpleReference(ParticleEnv):
         s = self._state
         n, e, buf = 2, self.num_envs, self._buf
         pos = s["agent_pos"].transpose(0, 1)  # [N, 2, E]
-        buf[:, 0:2] = s["agent_vel"].transpose(0, 1)
-        sub_into(self._lm_rel, s["landmark_pos"].transpose(0, 1).unsqueeze(0), pos.unsqueeze(1))
+        vel = s["agent_vel"].transpose(0, 1)
+        landmarks = s["landmark_pos"].transpose(0, 1).unsqueeze(0)
         goal_color = self._colors.index_select(1, s["goal_landmark"].reshape(-1)).view(3, n, e)
+        heard = s["agent_comm"].index_select(1, self._other).transpose(0, 1)
+        if torch.compiler.is_compiling():
+            # New tensors instead of the scratch buffer's views (SimpleSpread._relative: views
+            # written inside a graph are rebuilt around every call of it).
+            lm_rel = (landmarks - pos.unsqueeze(1)).flatten(1, 2)
+            parts = [vel, lm_rel, goal_color.transpose(0, 1), heard]
+            state = torch.cat(parts, 1).view(n * self.obs_dim, e).t().contiguous()
+            return {"agents": state.view(e, n, self.obs_dim)}, state
+        buf[:, 0:2] = vel
+        sub_into(self._lm_rel, landmarks, pos.unsqueeze(1))
         self._goal_color.copy_(goal_color.transpose(0, 1))
-        self._heard.copy_(s["agent_comm"].index_select(1, self._other).transpose(0, 1))
+        self._heard.copy_(heard)
         state = buf.view(n * self.obs_dim, e).t().clone(memory_format=torch.contiguous_format)
         return {"agents": state.view(e, n, self.obs_dim)}, state
 

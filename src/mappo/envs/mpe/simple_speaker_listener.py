@@ -115,15 +115,27 @@ class SimpleSpeakerListener(ParticleEnv):
         _, messages = self._move_and_message(actions["speaker"], moves=False, speaks=True)
         return moves, messages
 
+    def _lm_relative(self) -> Tensor:
+        """The landmarks relative to the listener ``[L, 2, E]`` as a new tensor, for a compiled
+        graph (SimpleSpread._relative: views written inside a graph are rebuilt around every
+        call of it)."""
+        s = self._state
+        return s["landmark_pos"].transpose(0, 1) - s["agent_pos"][:, 1].unsqueeze(0)
+
     def _observe(self) -> tuple[dict[str, Tensor], Tensor]:
         s = self._state
-        buf = self._buf
-        buf[0:3] = self._colors.index_select(1, s["goal_landmark"])
-        buf[3:5] = s["agent_vel"][:, 1]
-        listener = s["agent_pos"][:, 1]  # [2, E]
-        sub_into(self._lm_rel, s["landmark_pos"].transpose(0, 1), listener.unsqueeze(0))
-        self._heard.copy_(s["agent_comm"][:, 0])
-        state = buf.t().clone(memory_format=torch.contiguous_format)
+        color = self._colors.index_select(1, s["goal_landmark"])
+        if torch.compiler.is_compiling():
+            parts = [color, s["agent_vel"][:, 1], self._lm_relative().flatten(0, 1)]
+            state = torch.cat([*parts, s["agent_comm"][:, 0]]).t().contiguous()
+        else:
+            buf = self._buf
+            buf[0:3] = color
+            buf[3:5] = s["agent_vel"][:, 1]
+            listener = s["agent_pos"][:, 1]  # [2, E]
+            sub_into(self._lm_rel, s["landmark_pos"].transpose(0, 1), listener.unsqueeze(0))
+            self._heard.copy_(s["agent_comm"][:, 0])
+            state = buf.t().clone(memory_format=torch.contiguous_format)
         obs = {
             "speaker": state[:, 0:3].unsqueeze(1).contiguous(),
             "listener": state[:, 3:].unsqueeze(1).contiguous(),
@@ -133,7 +145,8 @@ class SimpleSpeakerListener(ParticleEnv):
     def _reward_and_stats(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         # Uses the listener-to-landmark vectors that _observe just wrote: [L, 2, E] -> goal's.
         goal = self._state["goal_landmark"].view(1, 1, -1).expand(1, 2, -1)
-        to_goal = self._lm_rel.gather(0, goal)[0]  # [2, E]
+        lm_rel = self._lm_relative() if torch.compiler.is_compiling() else self._lm_rel
+        to_goal = lm_rel.gather(0, goal)[0]  # [2, E]
         dist2 = to_goal[0].square() + to_goal[1].square()
         # The paper sums the two agents' equal rewards; mpe2 gives each its own.
         scale = -2.0 if self.reward_convention == "paper" else -1.0

@@ -149,9 +149,33 @@ class SimpleSpread(ParticleEnv):
         moves, _ = self._move_and_message(actions["agents"], moves=True, speaks=False)
         return moves, None
 
+    def _relative(self) -> tuple[Tensor, Tensor, Tensor]:
+        """The agents' positions ``[N, 2, E]``, the landmarks relative to each agent ``[N, L,
+        2, E]`` and the other agents relative to each ``[N, N-1, 2, E]`` as new tensors, for a
+        compiled graph. Eagerly they are written into a scratch buffer's views (no temporaries);
+        in a graph those views would be inputs that alias each other and are written, which
+        torch handles by rebuilding them around every call (at JaxMARL's Spread settings a
+        single-step rollout block ran 1.14x faster without them; the values are the same).
+        """
+        s = self._state
+        n, e = self.world.num_agents, self.num_envs
+        pos = s["agent_pos"].transpose(0, 1)
+        lm_rel = s["landmark_pos"].transpose(0, 1).unsqueeze(0) - pos.unsqueeze(1)
+        others = pos.index_select(0, self._others).view(n, n - 1, 2, e)
+        return pos, lm_rel, others - pos.unsqueeze(1)
+
     def _observe(self) -> tuple[dict[str, Tensor], Tensor]:
         s = self._state
         n, e = self.world.num_agents, self.num_envs
+        if torch.compiler.is_compiling():
+            pos, lm_rel, other_rel = self._relative()
+            m = self.world.num_landmarks
+            # (the other agents' messages: silent agents, zeros)
+            silent = pos.new_zeros(n, self.obs_dim - 4 - 2 * m - 2 * (n - 1), e)
+            rel = [lm_rel.flatten(1, 2), other_rel.flatten(1, 2)]
+            parts = [s["agent_vel"].transpose(0, 1), pos, *rel, silent]
+            state = torch.cat(parts, 1).view(n * self.obs_dim, e).t().contiguous()
+            return {"agents": state.view(e, n, self.obs_dim)}, state
         pos = s["agent_pos"].transpose(0, 1)  # [N, 2, E]
         self._buf[:, 0:2] = s["agent_vel"].transpose(0, 1)
         self._buf[:, 2:4] = pos
@@ -164,14 +188,18 @@ class SimpleSpread(ParticleEnv):
         return {"agents": state.view(e, n, self.obs_dim)}, state
 
     def _reward_and_stats(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        # Uses the relative positions that _observe just wrote for the current state.
+        # Uses the relative positions that _observe just wrote for the current state (computed
+        # again inside a compiled graph, where the two subtractions fuse into other kernels).
         s = self._state
         n, e = self.world.num_agents, self.num_envs
-        lm_x, lm_y = self._lm_rel[:, :, 0], self._lm_rel[:, :, 1]
+        lm_rel, other_rel = self._lm_rel, self._other_rel
+        if torch.compiler.is_compiling():
+            _, lm_rel, other_rel = self._relative()
+        lm_x, lm_y = lm_rel[:, :, 0], lm_rel[:, :, 1]
         # sqrt is monotonic: the min of squared distances, then one sqrt per landmark.
         min_dist = torch.addcmul(lm_x * lm_x, lm_y, lm_y).amin(0).sqrt_()  # [L, E]
         sum_min_dist = min_dist.sum(0)
-        ag_x, ag_y = self._other_rel[:, :, 0], self._other_rel[:, :, 1]
+        ag_x, ag_y = other_rel[:, :, 0], other_rel[:, :, 1]
         # [N, N-1, E]: ordered pairs of distinct agents closer than the sum of their sizes.
         touching = torch.addcmul(ag_x * ag_x, ag_y, ag_y) < self._collide_dist2
         if self.reward_convention == "paper":
