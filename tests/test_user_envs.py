@@ -404,3 +404,39 @@ def test_a_failed_evaluation_keeps_the_training_before_it(user_folder, tmp_path,
         "iter_00000006.pt",
         "iter_00000006.pt",
     ]
+
+
+def test_register_refuses_names_that_could_not_be_made_or_replace_a_built_in(
+    user_folder, capsys
+) -> None:
+    """A registered name with a ':' would be read as a scheme, and one that replaces a built-in
+    env would make runs that open as the built-in env in another process; a name of one's own
+    may be registered again (a module imported twice)."""
+    from toy_env import MatchEnv
+
+    for bad in ("", " padded", "my:env", "python:x:Y"):
+        with pytest.raises(EnvError, match="cannot register the env name"):
+            registry.register(bad, MatchEnv)
+    with pytest.raises(EnvError) as info:
+        registry.register("mpe/simple_spread", MatchEnv)
+    assert str(info.value) == (
+        "cannot register 'mpe/simple_spread': it is a built-in env of mappo; register yours "
+        "under a name of its own, e.g. 'my_project/simple_spread'"
+    )
+    assert make("mpe/simple_spread", num_envs=2).name == "mpe/simple_spread"
+    name = f"mine/{uuid.uuid4().hex[:6]}"
+    registry.register(name, MatchEnv)
+    registry.register(name, MatchEnv)
+    assert make(name, num_envs=2).spec == MatchEnv(num_envs=2).spec
+    # the module of a user who picked a built-in's name: one line from the command line
+    (user_folder / "shadowing.py").write_text(
+        "from mappo.envs import register\n"
+        "from toy_env import MatchEnv\n"
+        "register('smac/3m', MatchEnv)\n"
+    )
+    assert main(["list", "--import", "shadowing"]) == 2
+    assert capsys.readouterr().err == (
+        "mappo: error: --import shadowing: importing module 'shadowing' raised EnvError: cannot "
+        "register 'smac/3m': it is a built-in env of mappo; register yours under a name of its "
+        "own, e.g. 'my_project/3m'; fix the error in that module\n"
+    )

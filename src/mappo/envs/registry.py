@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import difflib
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -96,8 +97,32 @@ def register(
     copy_bytes: int = 0,
 ) -> None:
     """Make ``name`` available to :func:`make` and to configs (``workers`` and ``copy_bytes``:
-    see :func:`uses_workers` and :func:`copy_bytes`)."""
+    see :func:`uses_workers` and :func:`copy_bytes`). A name of one's own may be registered
+    again (a module imported twice, a notebook cell run again) but may not replace a built-in
+    env: runs save the name alone, so the built-in one would be made when they are opened
+    in another process."""
+    if not isinstance(name, str) or not name or ":" in name or name != name.strip():
+        raise EnvError(
+            f"cannot register the env name {name!r}: a name is a non-empty string without ':' "
+            "or surrounding spaces (a ':' marks a scheme, as in python:<module>:<class>), e.g. "
+            "'my_project/my_env'"
+        )
+    if not _is_builtin(factory):
+        _load_builtin()
+        entry = _ENVS.get(name)
+        if entry is not None and _is_builtin(entry.factory):
+            raise EnvError(
+                f"cannot register '{name}': it is a built-in env of mappo; register yours under "
+                f"a name of its own, e.g. 'my_project/{name.rsplit('/', 1)[-1]}'"
+            )
     _ENVS[name] = EnvEntry(name, factory, description, workers, copy_bytes)
+
+
+def _is_builtin(factory: EnvFactory) -> bool:
+    """Whether ``factory`` comes from mappo's own env packages."""
+    while isinstance(factory, functools.partial):
+        factory = factory.func
+    return str(getattr(factory, "__module__", "")).startswith("mappo.")
 
 
 def copy_bytes(name: str) -> int:
