@@ -319,6 +319,19 @@ CASES = [
         "must hold at least one iteration's episodes",
     ),
     Case("minibatches", _train("algo.num_minibatches=100000"), "exceeds the samples per update"),
+    Case(
+        "epsilon-exponential-to-zero",
+        lambda c: (
+            ["train", "mpe/simple_spread_qmix", "algo.epsilon_schedule=exponential"]
+            + ["algo.epsilon_finish=0"]
+        ),
+        "'algo.epsilon_finish' is 0, which an exponential epsilon schedule never reaches",
+    ),
+    Case(
+        "render-a-run",
+        lambda c: ["render", str(c.run), "--gif", str(c.tmp / "r.gif")],
+        "is a path; to record a trained run's policy use: mappo eval",
+    ),
     Case("device-gpu", _train("device=gpu"), "'device' must be 'cpu', 'cuda'"),
     Case("override-no-equals", _train("epochs"), "must look like KEY=VALUE"),
     Case("missing-yaml", lambda c: ["train", str(c.tmp / "missing.yaml")], "does not exist"),

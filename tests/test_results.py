@@ -285,3 +285,20 @@ def test_step_counts_read_at_every_scale():
         "2.50M",
     ]
     assert _steps(float("nan")) == "-"
+
+
+def test_a_configuration_with_one_evaluation_is_drawn_as_a_point(tmp_path, capsys):
+    """A line of one point draws nothing: such a configuration (a short run evaluated once, at
+    its end) gets a marker and its seeds' spread as an error bar."""
+    for seed in (1, 2):
+        _fake_run(tmp_path, seed, [(2000, -150.0 - seed)])
+    (config,) = group_runs(find_runs([tmp_path]))
+    fig = plot_curves([config], RETURN, out=tmp_path / "point.png")
+    (line, *bar) = fig.axes[0].lines
+    assert line.get_marker() == "o" and list(line.get_ydata()) == [-151.5]
+    assert fig.axes[0].collections  # the error bar's segment
+    # (a metric other than an evaluation's is not called one in the report's heading)
+    assert main(["report", str(tmp_path), "--metric", "train/episode_return"]) == 0
+    assert capsys.readouterr().out.startswith("Metric: `train/episode_return`\n")
+    assert main(["report", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith(f"Metric: `{RETURN}` (greedy evaluation)\n")

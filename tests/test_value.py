@@ -654,3 +654,19 @@ def test_a_short_3m_qmix_run_learns_to_win(tmp_path):
         "smac/3m_qmix_fast", {**common, "total_env_steps": 20_000, "run_dir": str(tmp_path / "b")}
     )
     assert after.summary["eval_battle_won"] >= before.summary["eval_battle_won"] + 0.2
+
+
+def test_resume_refuses_a_new_mixer_or_optimiser_before_writing(tmp_path, capsys):
+    """The mixer's sizes and the optimiser shape the checkpoint's state (a torch error inside
+    load_state_dict or the optimiser's step, after config.yaml had been rewritten): refused in
+    one line with nothing written."""
+    run = train("mpe/simple_spread_qmix", {**TINY, "run_dir": str(tmp_path)})
+    saved = {p: p.read_bytes() for p in run.dir.rglob("*") if p.is_file() and p.name != ".lock"}
+    changes = ("algo.mixing_embed_dim=16", "algo.hypernet_layers=1", "algo.hypernet_embed=32")
+    for bad in (*changes, "algo.optimizer=rmsprop"):
+        assert main(["train", "--resume", str(run.dir), bad, "total_env_steps=700"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"mappo: error: config field '{bad.split('=')[0]}' cannot change")
+        assert "\n" not in err
+    now = {p: p.read_bytes() for p in run.dir.rglob("*") if p.is_file() and p.name != ".lock"}
+    assert now == saved

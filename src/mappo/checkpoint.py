@@ -227,7 +227,11 @@ def load_latest(run_dir: str | Path) -> tuple[Path, dict[str, Any]]:
             reasons.append(str(err))
             continue
         for reason in reasons:
-            warnings.warn(f"skipped {reason}", CheckpointWarning, stacklevel=2)
+            warnings.warn(
+                f"skipped a checkpoint: {reason.removesuffix(f'; {_OLDER}')}; using '{path}'",
+                CheckpointWarning,
+                stacklevel=2,
+            )
         return path, data
     newest = reasons[0].removesuffix(f"; {_OLDER}")
     raise CheckpointError(

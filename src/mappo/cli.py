@@ -326,6 +326,12 @@ def cmd_render(args: argparse.Namespace) -> int:
         raise config_mod.ConfigError(
             f"'{key}=' is not an env parameter here: render sets it itself ({fixes[key]})"
         )
+    given = Path(args.env)
+    if given.is_file() or (given / "config.yaml").is_file():  # a run or a checkpoint
+        raise config_mod.ConfigError(
+            f"render draws an env by name with random actions, and '{args.env}' is a path; to "
+            f"record a trained run's policy use: mappo eval {args.env} --gif out.gif"
+        )
     _check_gif_path(args.gif)
     with make(args.env, num_envs=1, seed=args.seed, **kwargs) as env:
         frames = record_episode(env, None, num_steps=args.steps)

@@ -612,6 +612,13 @@ def check(cfg: TrainConfig) -> None:
             f"config field 'algo.buffer_size' ({cfg.algo.buffer_size}) must hold at least one "
             f"iteration's episodes (env.num_envs = {cfg.env.num_envs}); enlarge it"
         )
+    schedule = getattr(cfg.algo, "epsilon_schedule", None)
+    if schedule == "exponential" and 0.0 in (cfg.algo.epsilon_start, cfg.algo.epsilon_finish):
+        which = "epsilon_start" if cfg.algo.epsilon_start == 0.0 else "epsilon_finish"
+        raise ConfigError(
+            f"config field 'algo.{which}' is 0, which an exponential epsilon schedule never "
+            "reaches or leaves; set it above 0 (e.g. 0.01) or algo.epsilon_schedule=linear"
+        )
     if isinstance(cfg.algo, ValueConfig):
         if cfg.algo.batch_size > cfg.algo.buffer_size:
             raise ConfigError(

@@ -800,6 +800,10 @@ _FIXED_ALGO_KEYS = (
     "algo.last_action",
     "algo.critic_input",
     "algo.critic_hidden",
+    "algo.mixing_embed_dim",
+    "algo.hypernet_layers",
+    "algo.hypernet_embed",
+    "algo.optimizer",  # the checkpoint's optimiser state is that optimiser's
 )
 
 
@@ -813,7 +817,8 @@ def _check_resumable(saved: TrainConfig, cfg: TrainConfig) -> None:
             raise config_mod.ConfigError(
                 f"config field '{key}' cannot change when resuming ({old.get(key)!r} -> "
                 f"{new[key]!r}); the keys fixed on resume are seed, env.*, model.*, algo.name "
-                "and the algorithm's network and buffer sizes. Start a new run instead"
+                "and the algorithm's network and buffer sizes and optimiser. Start a new run "
+                "instead"
             )
 
 

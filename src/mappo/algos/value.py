@@ -39,6 +39,8 @@ def epsilon_at(env_steps: int, cfg: ValueConfig | ComaConfig) -> float:
     PyMARL's exponential schedule written so that it reaches ``finish`` at the end), then flat."""
     frac = min(1.0, env_steps / cfg.epsilon_anneal_steps)
     start, finish = cfg.epsilon_start, cfg.epsilon_finish
+    # (a 0 at either end, which mappo.config.check refuses for the exponential schedule, would
+    # take the log of 0: a config built in code without that check anneals linearly)
     if cfg.epsilon_schedule == "linear" or start == 0.0 or finish == 0.0:
         return start + frac * (finish - start)
     return start * math.exp(frac * math.log(finish / start))

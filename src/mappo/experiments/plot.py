@@ -84,8 +84,15 @@ def plot_curves(
         ax.remove()
     for ax, (task, members) in zip(axes, panels.items(), strict=False):
         for conf, (grid, mean, low, high) in members:
-            (line,) = ax.plot(grid, mean, label=f"{conf.label} ({len(conf.runs)} seeds)")
-            ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+            # (a marker where a configuration has a single point: a line of one point is not
+            # drawn, and its seeds' spread is an error bar instead of a band)
+            single = len(grid) == 1
+            label = f"{conf.label} ({len(conf.runs)} seeds)"
+            (line,) = ax.plot(grid, mean, label=label, marker="o" if single else None)
+            if single:
+                ax.errorbar(grid, mean, yerr=[mean - low, high - mean], color=line.get_color())
+            else:
+                ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_xlabel(X_AXES[x])
         ax.set_ylabel(metric)
         ax.set_title(task if n > 1 else (title or task))

@@ -229,7 +229,9 @@ def format_markdown(rows: list[ReportRow]) -> str:
                 else "-",
             ]
         lines.append(f"| {' | '.join([*cells, paper])} |")
-    return f"Metric: `{'`, `'.join(metrics)}` (greedy evaluation)\n\n" + head + "\n".join(lines)
+    evaluated = all(m.startswith("eval/") for m in metrics)
+    what = " (greedy evaluation)" if evaluated else ""
+    return f"Metric: `{'`, `'.join(metrics)}`{what}\n\n" + head + "\n".join(lines)
 
 
 def format_csv(rows: list[ReportRow]) -> str:
