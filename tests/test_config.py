@@ -140,3 +140,24 @@ def test_a_config_remembers_its_preset_unless_the_env_changes(tmp_path) -> None:
     path = tmp_path / "mine.yaml"
     path.write_text("base: mpe/simple_spread_fast\nseed: 2\n")
     assert C.load(str(path)).preset == ""
+
+
+def test_numbers_with_an_exponent_are_numbers_everywhere(tmp_path):
+    """YAML 1.1 (PyYAML) reads 1e-3 and 5e-1 as strings; typed fields converted them, but
+    env.kwargs passed them to the env as text. Configs read them as YAML 1.2 does."""
+    cfg = C.load(
+        "mpe/simple_spread",
+        ["env.kwargs.local_ratio=5e-1", "env.kwargs.reward=pettingzoo", "algo.actor_lr=1e-3"],
+    )
+    assert cfg.env.kwargs["local_ratio"] == 0.5 and cfg.algo.actor_lr == 0.001
+    path = tmp_path / "c.yaml"
+    path.write_text("base: mpe/simple_spread\nenv:\n  kwargs: {local_ratio: 2.5e-1, n: 1e3}\n")
+    assert C.load(str(path)).env.kwargs == {"local_ratio": 0.25, "n": 1000.0}
+    assert [C.yaml_value(t) for t in ("-1e30", ".5e3", "1.5E3", "1e", "e5", "1.2.3")] == [
+        -1e30,
+        500.0,
+        1500.0,
+        "1e",
+        "e5",
+        "1.2.3",
+    ]

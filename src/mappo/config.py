@@ -721,9 +721,32 @@ def list_presets() -> list[str]:
     )
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key set twice in one mapping (plain YAML keeps the last
-    silently, so an edited config could run with a value its reader did not see)."""
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading ``1e-3``, ``5e-1`` and ``1.5e3`` as numbers: PyYAML
+    follows YAML 1.1, whose floats need a dot and a signed exponent, so those became strings
+    (harmless for typed config fields, which convert them, but ``env.kwargs`` reached the env as
+    ``'5e-1'``). YAML 1.2 and most YAML readers take them as floats."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+"
+        r"|[-+]?\.[0-9_]+[eE][-+]?[0-9]+)$"
+    ),
+    list("-+0123456789."),
+)
+
+
+def yaml_value(text: str) -> Any:
+    """One YAML value, read as configs are (:class:`_Loader`)."""
+    return yaml.load(text, Loader=_Loader)  # safe: a SafeLoader constructs plain data only
+
+
+class _UniqueKeyLoader(_Loader):
+    """The configs' safe loader (:class:`_Loader`), refusing a key set twice in one mapping
+    (plain YAML keeps the last silently, so an edited config could run with a value its reader
+    did not see)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         lines: dict[Any, int] = {}
@@ -830,7 +853,7 @@ def parse_overrides(items: list[str], example: str = "algo.epochs=5") -> dict[st
             raise ConfigError(f"override '{item}' must look like KEY=VALUE (e.g. {example})")
         key, text = item.split("=", 1)
         try:
-            value = yaml.safe_load(text) if text != "" else ""
+            value = yaml_value(text) if text != "" else ""
         except yaml.YAMLError:
             value = text
         out[key.strip()] = value
