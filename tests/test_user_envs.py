@@ -440,3 +440,21 @@ def test_register_refuses_names_that_could_not_be_made_or_replace_a_built_in(
         "register 'smac/3m': it is a built-in env of mappo; register yours under a name of its "
         "own, e.g. 'my_project/3m'; fix the error in that module\n"
     )
+
+
+def test_eval_gif_of_an_env_that_cannot_draw_fails_before_evaluating(user_folder, tmp_path, capsys):
+    """The --gif of an env without render() is refused before the evaluation runs (it ran all
+    episodes and printed them, then exited 2), and nothing is written."""
+    (user_folder / "plain_envs.py").write_text("from toy_env import MatchEnv as Plain\n")
+    root = tmp_path / "runs"
+    argv = ["train", "mpe/simple_spread_fast", "env.name=python:plain_envs:Plain", *TINY]
+    assert main([*argv[:-1], "env.kwargs={}", f"run_dir={root}"]) == 0
+    capsys.readouterr()
+    gif = tmp_path / "plain.gif"
+    assert main(["eval", str(_one_run(root)), "--import", "plain_envs", "--gif", str(gif)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and not gif.exists()
+    assert err == (
+        "mappo: error: environment 'python:plain_envs:Plain' cannot render frames (MatchEnv does "
+        "not implement render()); no GIF can be made of it (mappo eval works without --gif)\n"
+    )

@@ -13,6 +13,7 @@ status 130 and 143. A sweep whose trials failed exits with status 1 after the ot
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import errno
 import json
@@ -245,6 +246,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _eval_saved(args: argparse.Namespace) -> int:
     from mappo.api import load_policy
     from mappo.envs.registry import fit_workers, make
+    from mappo.envs.rendering import record_episode, render_frame, save_gif
     from mappo.evaluation import evaluate
     from mappo.trainer import check_evaluation_memory
 
@@ -253,35 +255,38 @@ def _eval_saved(args: argparse.Namespace) -> int:
     policy = load_policy(args.path, device=args.device)
     cfg = policy.config
     check_evaluation_memory(cfg, args.episodes, args.device)
-    env = make(
-        cfg.env.name,
-        num_envs=args.episodes,
-        device=args.device,
-        seed=args.seed,
-        **fit_workers(cfg.env.kwargs, args.episodes),
-    )
-    with env:
-        _check_same_spec(policy.spec, env, cfg.env.name, args.path)
-        result = evaluate(policy.model, env, seed=args.seed, deterministic=not args.sample)
-    result = {"task": cfg.env.name, "algo": cfg.algo_name, **result}
-    # The evaluation is printed first: a GIF that cannot be written does not lose it.
-    _print_result(result, args.json)
-    if args.gif:
-        from mappo.envs.rendering import record_episode, save_gif
-
-        single = make(
+    with contextlib.ExitStack() as stack:
+        single = None
+        if args.gif:  # an env that cannot draw itself is refused before the evaluation
+            single = make(
+                cfg.env.name,
+                num_envs=1,
+                device=args.device,
+                seed=args.seed,
+                **fit_workers(cfg.env.kwargs, 1),
+            )
+            stack.enter_context(single)
+            single.reset(seed=args.seed)
+            render_frame(single)
+        env = make(
             cfg.env.name,
-            num_envs=1,
+            num_envs=args.episodes,
             device=args.device,
             seed=args.seed,
-            **fit_workers(cfg.env.kwargs, 1),
+            **fit_workers(cfg.env.kwargs, args.episodes),
         )
-        policy.reset()
-        with single:
-            frames = record_episode(single, lambda step: policy.act(step))
-        save_gif(frames, args.gif)
-        if not args.json:
-            print(f"wrote {len(frames)} frames to {args.gif}")
+        with env:
+            _check_same_spec(policy.spec, env, cfg.env.name, args.path)
+            result = evaluate(policy.model, env, seed=args.seed, deterministic=not args.sample)
+        result = {"task": cfg.env.name, "algo": cfg.algo_name, **result}
+        # The evaluation is printed first: a GIF that cannot be written does not lose it.
+        _print_result(result, args.json)
+        if single is not None:
+            policy.reset()
+            frames = record_episode(single, lambda step: policy.act(step), seed=args.seed)
+            save_gif(frames, args.gif)
+            if not args.json:
+                print(f"wrote {len(frames)} frames to {args.gif}")
     return 0
 
 
