@@ -13,6 +13,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -686,3 +687,19 @@ def test_the_python_example_in_the_docs_runs(capsys: pytest.CaptureFixture[str])
     step = namespace["step"]
     assert step.obs["agent"].shape == (8, 2, 10) and step.obs["adversary"].shape == (8, 1, 8)
     assert namespace["env"].spec.episode_limit == 50
+
+
+def test_spaces_that_raise_are_one_line() -> None:
+    """An env whose observation_space() or action_space() raises (a Box with a NaN bound built
+    on demand) was a traceback from the adapter's probe; it is one EnvError naming the agent."""
+
+    class BadSpaces(ScoredTinyEnv):
+        def action_space(self, agent: str) -> Any:
+            raise KeyError(f"no space for {agent}")
+
+    with pytest.raises(EnvError) as info:
+        PettingZooAdapter(BadSpaces, num_envs=1, num_workers=0, name="bad")
+    assert str(info.value) == (
+        "bad: the environment's observation_space() or action_space() for agent 'agent_0' "
+        "raised KeyError: 'no space for agent_0'"
+    )

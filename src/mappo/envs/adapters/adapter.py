@@ -359,7 +359,14 @@ class ParallelEnvAdapter(BatchedEnv):
                 raise EnvError(f"{self.name}: the environment lists no possible_agents")
             descs: dict[str, dict[str, Any]] = {}
             for agent in agents:
-                obs_space, act_space = probe.observation_space(agent), probe.action_space(agent)
+                try:
+                    obs_space = probe.observation_space(agent)
+                    act_space = probe.action_space(agent)
+                except Exception as err:
+                    raise EnvError(
+                        f"{self.name}: the environment's observation_space() or action_space() "
+                        f"for agent '{agent}' raised {one_line(err)}"
+                    ) from err
                 try:
                     desc = _worker.describe_agent(agent, obs_space, act_space)
                 except ValueError as err:
