@@ -458,3 +458,24 @@ def test_a_vmas_preset_trains_evaluates_and_renders(tmp_path) -> None:
     )
     assert math.isfinite(json.loads(out.stdout)["eval_return_mean"])
     assert gif.stat().st_size > 1000
+
+
+def test_a_scenario_whose_physics_turn_nan_is_one_line() -> None:
+    """balance with a package of mass 0 gives NaN observations after its first step, and VMAS
+    asserts on the NaN actions the policy computes from them (a traceback); it is an EnvError
+    naming the cause and the scenario's parameters."""
+    env = make("vmas/balance", num_envs=2, package_mass=0)
+    env.reset(seed=0)
+    shapes = {g: (2, s.num_agents, s.action.total) for g, s in env.spec.groups.items()}
+    nan_actions = {g: torch.full(shape, float("nan")) for g, shape in shapes.items()}
+    with pytest.raises(ActionError, match="is not finite; check the policy's outputs for NaN"):
+        env.step(nan_actions)  # the checks of the env contract, on by default
+    env.validate_actions = False  # (as in training, where the policy's actions are trusted)
+    with pytest.raises(EnvError) as info:
+        env.step(nan_actions)
+    assert str(info.value).startswith(
+        "vmas/balance: VMAS's step() raised AssertionError on actions holding NaN or inf, "
+        "computed from observations that held them; check the scenario's parameters "
+        "(env.kwargs: "
+    )
+    assert "package_mass=0)" in str(info.value)

@@ -182,6 +182,7 @@ class VmasEnv(BatchedEnv):
         super().__init__(num_envs, device, seed)
         self.continuous_actions = continuous_actions
         self.max_steps = max_steps
+        self._scenario_kwargs = dict(scenario_kwargs)
         self._rng = _VmasRandomState(self.device, seed)
         self._shared_rng = vmas.simulator.environment.Environment.vmas_random_state
         with warnings.catch_warnings():
@@ -252,8 +253,17 @@ class VmasEnv(BatchedEnv):
             self.reseed(seed)
             self._rng.seed(seed)
         with self._vmas_rng():
-            obs_list = self._env.reset()
+            try:
+                obs_list = self._env.reset()
+            except Exception as err:
+                raise EnvError(f"{self.name}: VMAS's reset() raised {one_line(err)}") from err
         obs, state = self._assemble(obs_list)
+        bad = next((g for g, o in obs.items() if not bool(o.isfinite().all())), None)
+        if bad is not None:  # (one check per reset: a scenario's parameters gave NaN physics)
+            raise EnvError(
+                f"{self.name}: the first observations of group '{bad}' hold NaN or inf; check "
+                f"the scenario's parameters{self._parameters()}"
+            )
         e, dev = self.num_envs, self.device
         return EnvStep(
             obs=obs,
@@ -267,12 +277,31 @@ class VmasEnv(BatchedEnv):
             alive=self._alive(),
         )
 
+    def _parameters(self) -> str:
+        """`` (env.kwargs: a=1, b=2)`` naming the scenario's parameters given, or empty."""
+        given = ", ".join(f"{k}={v!r}" for k, v in self._scenario_kwargs.items())
+        return f" (env.kwargs: {given})" if given else ""
+
+    def _step_failed(self, err: Exception, actions: dict[str, Tensor]) -> EnvError:
+        """One line for an exception inside VMAS's step: where the actions were NaN (VMAS
+        asserts on them), the cause is the observations the policy acted on."""
+        what = f"{self.name}: VMAS's step() raised {one_line(err)}"
+        if any(a.is_floating_point() and not bool(a.isfinite().all()) for a in actions.values()):
+            what += (
+                " on actions holding NaN or inf, computed from observations that held them; "
+                f"check the scenario's parameters{self._parameters()}"
+            )
+        return EnvError(f"{what} (MAPPO_DEBUG=1 shows the traceback)")
+
     @torch.no_grad()
     def _step(self, actions: dict[str, Tensor]) -> EnvStep:
         # Views, no copies: VMAS clones each agent's [E, d] action itself.
         per_agent = [actions[group][:, k] for group, k in self._slots]
         with self._vmas_rng():
-            obs_list, rewards, terminated, time_up, _ = self._env.step(per_agent)
+            try:
+                obs_list, rewards, terminated, time_up, _ = self._env.step(per_agent)
+            except Exception as err:
+                raise self._step_failed(err, actions) from err
         obs, state = self._assemble(obs_list)
         reward = {
             group: torch.stack([rewards[i].reshape(self.num_envs) for i in rows], dim=1)
