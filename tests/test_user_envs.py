@@ -458,3 +458,29 @@ def test_eval_gif_of_an_env_that_cannot_draw_fails_before_evaluating(user_folder
         "mappo: error: environment 'python:plain_envs:Plain' cannot render frames (MatchEnv does "
         "not implement render()); no GIF can be made of it (mappo eval works without --gif)\n"
     )
+
+
+def test_a_run_that_fails_before_training_anything_leaves_no_folder(user_folder, tmp_path, capsys):
+    """An env that raises in its first step: the new run folder (config.yaml, a TensorBoard
+    file, the lock, and nothing to resume or evaluate) is removed with the error; a folder the
+    caller gave that held files keeps them."""
+    (user_folder / "step_fails.py").write_text(
+        "from toy_env import MatchEnv\n"
+        "class StepFails(MatchEnv):\n"
+        "    def _step(self, actions):\n"
+        "        raise RuntimeError('broken step')\n"
+    )
+    root = tmp_path / "runs"
+    argv = ["train", "mpe/simple_spread_fast", "env.name=python:step_fails:StepFails", *TINY]
+    assert main([*argv[:-1], "env.kwargs={}", f"run_dir={root}"]) == 2
+    assert "step() raised RuntimeError: broken step" in capsys.readouterr().err
+    assert list(root.iterdir()) == []
+    from mappo.trainer import train
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    overrides = {"env.name": "python:step_fails:StepFails", "env.kwargs": {}, "progress": False}
+    with pytest.raises(EnvError, match="broken step"):
+        train("mpe/simple_spread_fast", overrides, run_dir=mine)
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]

@@ -902,6 +902,30 @@ def _save_unsaved(trainers: list[Trainer]) -> None:
                 t.save_checkpoint(time.perf_counter() - t._start, periodic=True)
 
 
+def _remove_unstarted(trainer: Trainer, logger: MetricsLogger) -> None:
+    """Remove what a fresh run wrote before it failed, where that is nothing but its setup (no
+    checkpoint, no metrics row, no Weights & Biases run): config.yaml, this process's
+    TensorBoard file, the lock, then the folder and its parents below ``run_dir`` that are left
+    empty. Anything else in the folder (a run_dir given by the caller that held files) stays."""
+    path = trainer.run_dir
+    if path is None or trainer.last_checkpoint is not None or logger.rows or logger.wandb:
+        return
+    with contextlib.suppress(OSError):  # best effort: the run's error is what gets reported
+        for name in ("config.yaml", "metrics.csv", ".lock"):
+            (path / name).unlink(missing_ok=True)
+        board = path / "tensorboard"
+        for event in board.glob(f"events.out.tfevents.*.{os.getpid()}.*"):
+            event.unlink()
+        if board.is_dir() and not any(board.iterdir()):
+            board.rmdir()
+        here, root = path.resolve(), Path(trainer.cfg.run_dir).resolve()
+        chain = [here, *(p for p in here.parents if root in p.parents)]  # (below root only)
+        for folder in chain:
+            if any(folder.iterdir()):
+                break
+            folder.rmdir()
+
+
 def _run(
     trainers: list[Trainer],
     iterate_all: Callable[[], list[dict[str, float]]],
@@ -913,9 +937,9 @@ def _run(
     cfg = trainers[0].cfg
     paths = [t.run_dir for t in trainers]
     assert all(p is not None for p in paths)
+    loggers: list[MetricsLogger] = []
     try:
         with contextlib.ExitStack() as stack:
-            loggers = []
             for t, step in zip(trainers, resume_steps, strict=True):
                 assert t.run_dir is not None
                 if not locked:
@@ -970,6 +994,15 @@ def _run(
             [u.run_dir for u in trainers[1:]],  # type: ignore[arg-type,misc]
             saved_at_stop=False,
         ) from None
+    except RunInterrupted:
+        raise
+    except Exception:
+        # An error before anything was trained (an env failing in its first steps): the new
+        # run folders would hold a config and nothing to resume, evaluate or report.
+        if all(step is None for step in resume_steps) and len(loggers) == len(trainers):
+            for t, logger in zip(trainers, loggers, strict=True):
+                _remove_unstarted(t, logger)
+        raise
     finally:
         for t in trainers:
             t.close()
