@@ -935,4 +935,6 @@ def test_a_compiled_trainer_calls_its_cpu_graphs_directly():
     # Direct calls in 3 iterations: 2 blocks a rollout, 2 epochs of 4 mini-batches, less the
     # first call of each kind
     assert fns["block"].calls == 3 * 2 - 2 and fns["gradient"].calls == 3 * 8 - 1
+    # the block's key holds its steps per call: a block of another size is another kind of call
+    assert {key[1][-1] for key in fns["block"].kinds} == {learner.collector.block}
     trainer.close()

@@ -359,13 +359,29 @@ def policy_step_key(policy: ActorCritic, step: EnvStep, *rest: Any) -> Hashable:
 def fused_step_key(
     policy: ActorCritic, env_step: Callable[[dict[str, Tensor]], EnvStep], step: EnvStep, *rest: Any
 ) -> Hashable:
-    """What tells the compiled calls of :func:`fused_step` and :func:`fused_steps` apart: as
+    """What tells the compiled calls of :func:`fused_step` apart: as
     :func:`policy_step_key` (the env, whose steps are traced, is the trainer's own on every
     call, and so are the block's flags). The step acted on comes from the env's reset or from
     the previous traced step; an env that hands out traced steps only some of the time would
     mix in its eager steps' outputs, whose tensors may alias differently (the particle world,
     the only such env, hands out every step)."""
     return field_layout(step)
+
+
+def fused_steps_key(
+    policy: ActorCritic,
+    env_step: Callable[[dict[str, Tensor]], EnvStep],
+    step: EnvStep,
+    actor_states: dict[str, Tensor],
+    critic_states: dict[str, Tensor],
+    starts: Tensor,
+    noises: dict[str, Tensor],
+    *rest: Any,
+) -> Hashable:
+    """What tells the compiled calls of :func:`fused_steps` apart: :func:`fused_step_key` and
+    the steps per call (the leading size of the noise; a collector keeps one block size, but a
+    graph of another size must not be called in its place)."""
+    return field_layout(step), next(iter(noises.values())).shape[0]
 
 
 def values_key(

@@ -42,6 +42,7 @@ from mappo.rollout import (
     fused_step,
     fused_step_key,
     fused_steps,
+    fused_steps_key,
     policy_step,
     policy_step_key,
     rollout_values,
@@ -89,7 +90,11 @@ def fuse_env_steps(
     )
     if not recurrent and cfg.total_env_steps // envs_per_run >= BLOCK_MIN_ROLLOUT_STEPS:
         collector.block_fn = compile_fn(
-            fused_steps, fallback=fallback, mutates=True, cpp_wrapper=cpu, direct=direct
+            fused_steps,
+            fallback=fallback,
+            mutates=True,
+            cpp_wrapper=cpu,
+            direct=fused_steps_key if cpu else None,
         )
         collector.block = ROLLOUT_BLOCK
 
