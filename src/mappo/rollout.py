@@ -369,18 +369,12 @@ def fused_step_key(
 
 
 def fused_steps_key(
-    policy: ActorCritic,
-    env_step: Callable[[dict[str, Tensor]], EnvStep],
-    step: EnvStep,
-    actor_states: dict[str, Tensor],
-    critic_states: dict[str, Tensor],
-    starts: Tensor,
-    noises: dict[str, Tensor],
-    *rest: Any,
+    policy: ActorCritic, env_step: Callable[[dict[str, Tensor]], EnvStep], step: EnvStep, *rest: Any
 ) -> Hashable:
     """What tells the compiled calls of :func:`fused_steps` apart: :func:`fused_step_key` and
-    the steps per call (the leading size of the noise; a collector keeps one block size, but a
-    graph of another size must not be called in its place)."""
+    the steps per call (the leading size of the noise, ``rest[3]``; a collector keeps one block
+    size, but a graph of another size must not be called in its place)."""
+    noises: dict[str, Tensor] = rest[3]
     return field_layout(step), next(iter(noises.values())).shape[0]
 
 
