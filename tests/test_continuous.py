@@ -144,6 +144,8 @@ def test_box_spec_and_checks() -> None:
     assert space.dtype == torch.float32
     with pytest.raises(ValueError, match="low must be <="):
         ActionSpec.box([1.0], [0.0])
+    with pytest.raises(ValueError, match=r"the bounds hold NaN \(low=\(nan, 0.0\)"):
+        ActionSpec.box([float("nan"), 0.0], 1.0)
     with pytest.raises(ValueError, match="either discrete"):
         ActionSpec((3,), low=(0.0,), high=(1.0,))
 

@@ -670,3 +670,21 @@ def test_an_episode_limit_shorter_than_the_episodes_is_an_error_not_a_zero_retur
     )  # fmt: skip
     with pytest.raises(EnvError, match="2 of 2 episodes did not end within spec.episode_limit=3"):
         train(cfg)
+
+
+def test_groups_observed_for_different_numbers_of_envs_are_one_clear_error(tmp_path):
+    """Two groups whose observations cover different numbers of envs (a slip when assembling
+    them by hand) were a raw torch shape error inside the networks."""
+    run = train("mpe/simple_speaker_listener", {**TINY, "run_dir": str(tmp_path)})
+    policy = mappo.load_policy(run.dir)
+    step = mappo.envs.make("mpe/simple_speaker_listener", num_envs=4, seed=0).reset()
+    obs = dict(step.obs)
+    obs["listener"] = obs["listener"][:3]
+    with pytest.raises(ValueError) as info:
+        policy.act(obs)
+    assert str(info.value) == (
+        "observations of the groups are for different numbers of envs {'speaker': 4, "
+        "'listener': 3}; give every group's observations for the same envs, [num_envs, "
+        "agents, ...]"
+    )
+    assert {g: a.shape[0] for g, a in policy.act(step.obs).items()} == {"speaker": 4, "listener": 4}

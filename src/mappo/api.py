@@ -93,6 +93,12 @@ class Policy:
             if not bool(x.isfinite().all()):
                 raise ValueError(f"observations for group '{name}' hold NaN or inf")
             obs[name] = x
+        sizes = {name: x.shape[0] for name, x in obs.items()}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(
+                f"observations of the groups are for different numbers of envs {sizes}; give "
+                "every group's observations for the same envs, [num_envs, agents, ...]"
+            )
         E = next(iter(obs.values())).shape[0]
         if self._states is None or next(iter(self._states.values())).shape[0] != E:
             self._states = self.model.acting_states(E, self.device)

@@ -54,6 +54,11 @@ class ActionSpec:
                 f"low and high need one bound per component, got {len(self.low)} and "
                 f"{len(self.high)}"
             )
+        if any(math.isnan(b) for b in (*self.low, *self.high)):
+            raise ValueError(
+                f"the bounds hold NaN (low={self.low} high={self.high}); give numbers, or -inf "
+                "and inf for an unbounded component"
+            )
         if any(not lo <= hi for lo, hi in zip(self.low, self.high, strict=True)):
             raise ValueError(f"every low must be <= its high, got low={self.low} high={self.high}")
 
