@@ -361,7 +361,7 @@ def fused_step_key(
 ) -> Hashable:
     """What tells the compiled calls of :func:`fused_step` apart: as
     :func:`policy_step_key` (the env, whose steps are traced, is the trainer's own on every
-    call, and so are the block's flags). The step acted on comes from the env's reset or from
+    call). The step acted on comes from the env's reset or from
     the previous traced step; an env that hands out traced steps only some of the time would
     mix in its eager steps' outputs, whose tensors may alias differently (the particle world,
     the only such env, hands out every step)."""
@@ -373,9 +373,10 @@ def fused_steps_key(
 ) -> Hashable:
     """What tells the compiled calls of :func:`fused_steps` apart: :func:`fused_step_key` and
     the steps per call (the leading size of the noise, ``rest[3]``; a collector keeps one block
-    size, but a graph of another size must not be called in its place)."""
+    size, but a graph of another size must not be called in its place). The block's flags are
+    the trainer's own on every call."""
     noises: dict[str, Tensor] = rest[3]
-    return field_layout(step), next(iter(noises.values())).shape[0]
+    return fused_step_key(policy, env_step, step), next(iter(noises.values())).shape[0]
 
 
 def values_key(

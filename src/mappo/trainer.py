@@ -893,8 +893,7 @@ def _stop_on_signals(trainers: list[Trainer]) -> Iterator[None]:
 def _save_unsaved(trainers: list[Trainer]) -> None:
     """Save a checkpoint of each trainer whose newest one is not of its current iteration, if
     any of them saved this iteration (the seeds of a stacked run stopped by an error)."""
-    now = [t for t in trainers if t.saved_iteration == t.iteration]
-    if not now:
+    if not any(t.saved_iteration == t.iteration for t in trainers):
         return
     for t in trainers:
         if t.run_dir is not None and t.saved_iteration != t.iteration:
