@@ -328,6 +328,11 @@ CASES = [
         "'algo.epsilon_finish' is 0, which an exponential epsilon schedule never reaches",
     ),
     Case(
+        "mixer-size-for-vdn",
+        lambda c: ["train", "mpe/simple_spread_vdn", "algo.mixing_embed_dim=64"],
+        "'algo.mixing_embed_dim' sizes QMIX's mixer, but vdn sums the agents' values",
+    ),
+    Case(
         "render-a-run",
         lambda c: ["render", str(c.run), "--gif", str(c.tmp / "r.gif")],
         "is a path; to record a trained run's policy use: mappo eval",

@@ -65,6 +65,20 @@ def test_one_env_kwarg_keeps_the_presets_others() -> None:
         C.load("mpe/simple_spread", ["env.kwargs.a.b=1"])
 
 
+def test_another_env_gets_only_the_kwargs_of_the_overrides() -> None:
+    # The feed-forward preset's time_feature is an argument of the particle world: a PettingZoo
+    # env named in its place refused it ("unexpected keyword argument 'time_feature'").
+    cfg = C.load("mpe/simple_spread_ff_fast", ["env.name=pettingzoo:mpe2.simple_adversary_v3"])
+    assert cfg.env.kwargs == {} and cfg.model.recurrent == "none"  # the settings stay
+    swap = ["env.name=vmas/navigation", "env.kwargs.n_agents=2", "env.kwargs.max_steps=100"]
+    assert C.load("vmas/balance", swap).env.kwargs == {"n_agents": 2, "max_steps": 100}
+    swap = {"env": {"name": "vmas/navigation", "kwargs": {"n_agents": 2}}}
+    assert C.load("vmas/balance", swap).env.kwargs == {"n_agents": 2}
+    # The same env named again is no change of env: the preset's kwargs stay.
+    cfg = C.load("vmas/balance", ["env.name=vmas/balance", "env.kwargs.n_agents=2"])
+    assert cfg.env.kwargs["package_mass"] == 5 and cfg.env.kwargs["n_agents"] == 2
+
+
 def test_unknown_key_names_nearest_valid_key() -> None:
     with pytest.raises(C.ConfigError, match="unknown config key 'algo.epoch'.*'algo.epochs'"):
         C.load("mpe/simple_spread", ["algo.epoch=3"])

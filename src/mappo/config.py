@@ -620,6 +620,15 @@ def check(cfg: TrainConfig) -> None:
             "reaches or leaves; set it above 0 (e.g. 0.01) or algo.epsilon_schedule=linear"
         )
     if isinstance(cfg.algo, ValueConfig):
+        if cfg.algo.name != "qmix":  # the mixer's sizes would change nothing
+            default = ValueConfig()
+            for key in ("mixing_embed_dim", "hypernet_layers", "hypernet_embed"):
+                if getattr(cfg.algo, key) != getattr(default, key):
+                    mixer = "sums the agents' values" if cfg.algo.name == "vdn" else "has no mixer"
+                    raise ConfigError(
+                        f"config field 'algo.{key}' sizes QMIX's mixer, but {cfg.algo.name} "
+                        f"{mixer}; drop it or set algo.name=qmix"
+                    )
         if cfg.algo.batch_size > cfg.algo.buffer_size:
             raise ConfigError(
                 f"config field 'algo.batch_size' ({cfg.algo.batch_size}) exceeds "
@@ -826,7 +835,11 @@ def _load_layers(source: str, seen: tuple[str, ...] = ()) -> list[tuple[str, dic
 def load(
     source: str | None = None, overrides: list[str] | dict[str, Any] | None = None
 ) -> TrainConfig:
-    """A config from a preset name or YAML path (or the defaults), then ``KEY=VALUE`` overrides."""
+    """A config from a preset name or YAML path (or the defaults), then ``KEY=VALUE`` overrides.
+
+    Overrides that name another env (``env.name=...``) make the preset a template of settings:
+    the run is no longer the preset's (``preset`` is cleared) and the env gets only the keyword
+    arguments the overrides give it, not the preset's."""
     cfg = TrainConfig()
     if source:
         for where, data in _load_layers(source):
@@ -837,10 +850,18 @@ def load(
         if not source.endswith((".yaml", ".yml")) and not Path(source).is_file():
             cfg.preset = source
     env_name = cfg.env.name
-    if overrides:
-        apply(cfg, parse_overrides(overrides) if isinstance(overrides, list) else overrides)
+    values = (parse_overrides(overrides) if isinstance(overrides, list) else overrides) or {}
+    apply(cfg, values)
     if cfg.env.name != env_name:  # a preset used as a template for another env is not that task
         cfg.preset = ""
+        # The preset's env.kwargs are arguments of its own env (the particle world's
+        # time_feature, a VMAS scenario's parameters), which another env would refuse or
+        # misread: the new env gets the keyword arguments the overrides name, and no others.
+        given = _flatten(values)
+        if "env.kwargs" not in given:
+            cfg.env.kwargs = {
+                k: v for k, v in cfg.env.kwargs.items() if _KWARGS_PREFIX + k in given
+            }
     return cfg
 
 
