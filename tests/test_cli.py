@@ -68,6 +68,28 @@ def test_eval_a_checkpoint_file(trained, capsys):
     assert code == 0 and "eval_return_mean" in out
 
 
+def test_eval_with_env_parameters_of_the_command_line(trained, tmp_path, capsys):
+    # A PettingZoo run trained without render_mode=rgb_array gets its GIF this way; here the
+    # particle world's episodes are shortened for the evaluation and its GIF.
+    saved = (trained / "config.yaml").read_text()
+    gif = tmp_path / "short.gif"
+    code, out, _ = _run(
+        capsys, "eval", str(trained), "--episodes", "2", "--gif", str(gif), "episode_length=7"
+    )
+    assert code == 0 and "wrote 7 frames" in out
+    code, out, _ = _run(
+        capsys, "eval", str(trained), "--episodes", "2", "env.kwargs.episode_length=7"
+    )
+    assert code == 0 and "eval_return_mean" in out
+    assert (trained / "config.yaml").read_text() == saved  # the run keeps its own settings
+    code, _, err = _run(capsys, "eval", str(trained), "num_agents=4")
+    assert code == 2 and "with num_agents=4 does not fit the networks" in err
+    code, _, err = _run(capsys, "eval", str(trained), "algo.epochs=3")
+    assert code == 2 and "eval takes the env's parameters only" in err
+    code, _, err = _run(capsys, "eval", str(trained), "num_envs=3")
+    assert code == 2 and "use --episodes N" in err
+
+
 def test_list_shows_presets_envs_and_keys(capsys):
     code, out, _ = _run(capsys, "list")
     assert code == 0
@@ -152,7 +174,10 @@ def test_eval_scripted_baseline(capsys):
     code, out, _ = _run(capsys, "eval", "smac/3m", "--scripted", "--episodes", "4", "--json")
     assert code == 0
     result = json.loads(out)
-    assert result["algo"] == "scripted" and 0.0 <= result["win_rate"] <= 1.0
+    assert result["algo"] == "scripted" and 0.0 <= result["eval_battle_won"] <= 1.0
+    # named as a trained run's evaluation, so that the two compare line by line
+    assert result["eval_episodes"] == 4 and result["eval_return_mean"] > 0
+    assert "win_rate" not in result and "mean_return" not in result
     code, _, err = _run(capsys, "eval", "smac/3q", "--scripted")
     assert code == 2 and "unknown SMAC map '3q'" in err
 

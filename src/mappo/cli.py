@@ -96,6 +96,8 @@ def _print_summary(summary: dict) -> None:
     print("result:")
     for k in keys:
         v = summary.get(k)
+        if k == "preset" and v is None:  # a run made from overrides (env.name=...) has none
+            continue
         if isinstance(v, float):
             v = f"{v:,.2f}" if k != "steps_per_second" else f"{v:,.0f}"
         print(f"  {k:22s} {v}")
@@ -168,6 +170,10 @@ def cmd_eval_scripted(args: argparse.Namespace) -> int:
             "--sample does not apply to --scripted: the rule-based players choose their moves "
             "by rule, not by sampling (leave --sample out)"
         )
+    if args.kwargs:
+        raise config_mod.ConfigError(
+            f"--scripted plays the env's default parameters; leave out {' '.join(args.kwargs)}"
+        )
     if args.path.startswith("hanabi/"):
         from mappo.envs.hanabi.scripted import evaluate_scripted as hanabi_scripted
         from mappo.envs.hanabi.scripted import scripted_moves
@@ -200,7 +206,9 @@ def cmd_eval_scripted(args: argparse.Namespace) -> int:
         def act(env: Any, step: Any) -> dict[str, Any]:
             return scripted_actions(env, step)
 
-    _print_result({"task": task, "algo": "scripted", **result}, args.json)
+    _print_result(
+        {"task": task, "algo": "scripted", **_as_evaluation(result, args.episodes)}, args.json
+    )
     if args.gif:
         from mappo.envs.rendering import record_episode, save_gif
 
@@ -212,6 +220,17 @@ def cmd_eval_scripted(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"wrote {len(frames)} frames to {args.gif}")
     return 0
+
+
+def _as_evaluation(result: dict[str, float], episodes: int) -> dict[str, float]:
+    """A scripted player's results under the names a trained run's evaluation prints
+    (``eval_return_mean``, ``eval_battle_won``, ...), so that the two compare line by line."""
+    names = {"mean_return": "return_mean", "mean_length": "episode_length"}
+    out = {"eval_episodes": float(episodes)}
+    for key, value in result.items():
+        if key not in ("episodes", "win_rate"):  # win_rate repeats battle_won
+            out[f"eval_{names.get(key, key)}"] = value
+    return out
 
 
 def _check_scripted_memory(task: str, episodes: int, device: str) -> None:
@@ -252,8 +271,10 @@ def _eval_saved(args: argparse.Namespace) -> int:
 
     if args.gif:
         _check_gif_path(args.gif)  # before the evaluation, which may take long
+    given = _eval_env_kwargs(args.kwargs)
     policy = load_policy(args.path, device=args.device)
     cfg = policy.config
+    cfg.env.kwargs = {**cfg.env.kwargs, **given}
     check_evaluation_memory(cfg, args.episodes, args.device)
     with contextlib.ExitStack() as stack:
         single = None
@@ -276,7 +297,7 @@ def _eval_saved(args: argparse.Namespace) -> int:
             **fit_workers(cfg.env.kwargs, args.episodes),
         )
         with env:
-            _check_same_spec(policy.spec, env, cfg.env.name, args.path)
+            _check_same_spec(policy.spec, env, cfg.env.name, args.path, given)
             result = evaluate(policy.model, env, seed=args.seed, deterministic=not args.sample)
         result = {"task": cfg.env.name, "algo": cfg.algo_name, **result}
         # The evaluation is printed first: a GIF that cannot be written does not lose it.
@@ -290,12 +311,42 @@ def _eval_saved(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_same_spec(trained: Any, env: Any, name: str, path: str) -> None:
+def _eval_env_kwargs(words: list[str]) -> dict[str, Any]:
+    """The env parameters given to ``eval`` (``render_mode=rgb_array`` or
+    ``env.kwargs.render_mode=rgb_array``), which replace the run's own for this evaluation."""
+    kwargs = config_mod.parse_overrides(words, "render_mode=rgb_array") if words else {}
+    fixes = {"seed": "use --seed N", "num_envs": "use --episodes N", "device": "use --device"}
+    out: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        name = key.removeprefix("env.kwargs.")
+        if name in fixes:
+            raise config_mod.ConfigError(
+                f"'{key}=' is not an env parameter here: eval sets it itself ({fixes[name]})"
+            )
+        if not name.isidentifier():
+            raise config_mod.ConfigError(
+                f"eval takes the env's parameters only (render_mode=rgb_array or "
+                f"env.kwargs.NAME=VALUE), got '{key}='; training settings stay the run's"
+            )
+        out[name] = value
+    return out
+
+
+def _check_same_spec(
+    trained: Any, env: Any, name: str, path: str, given: dict[str, Any] | None = None
+) -> None:
     """Refuse an env whose spec no longer fits the run's networks (its code or parameters
-    changed since training), in one line instead of a shape error deep in a network."""
+    changed since training, or ``given``: parameters of the command line), in one line instead
+    of a shape error deep in a network."""
     from mappo.data import spec_difference, spec_to_dict
 
     problem = spec_difference(spec_to_dict(trained), env.spec)
+    if problem is not None and given:
+        words = " ".join(f"{k}={v}" for k, v in given.items())
+        raise EnvError(
+            f"the env '{name}' with {words} does not fit the networks of '{path}' ({problem}); "
+            "drop the parameters that change what the agents observe or do"
+        )
     if problem is not None:
         raise EnvError(
             f"the env '{name}' is not the one '{path}' was trained on ({problem}); "
@@ -536,6 +587,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="evaluate a trained run or checkpoint")
     e.add_argument("path", help="run directory or checkpoint file (a map with --scripted)")
+    e.add_argument(
+        "kwargs",
+        nargs="*",
+        help="env KEY=VALUE parameters that replace the run's for this evaluation "
+        "(e.g. render_mode=rgb_array); the networks must still fit the env",
+    )
     e.add_argument(
         "--episodes", type=_positive_int, default=32, help="evaluation episodes (default 32)"
     )

@@ -301,7 +301,8 @@ class ParallelEnvAdapter(BatchedEnv):
         if frame is None:
             raise NotImplementedError(
                 f"{self.name}: the wrapped environment's render() returned None (a PettingZoo "
-                'env draws only when made with render_mode="rgb_array")'
+                'env draws only when made with render_mode="rgb_array": add render_mode=rgb_array '
+                "to the eval or render command)"
             )
         return frame
 
