@@ -133,6 +133,27 @@ def test_config_names_pass_keyword_arguments_through() -> None:
     assert env.spec.episode_limit == 3  # an adapter option, not an env argument
 
 
+def test_a_resume_may_spread_the_envs_over_other_workers(tmp_path: Path) -> None:
+    # The adapter's worker count changes where the envs run, not what they do: a run moved to a
+    # machine with other cores resumes with its own; the env's own arguments stay fixed.
+    from mappo.config import ConfigError
+    from mappo.trainer import resume, train
+
+    tiny_run = {
+        "env": {"num_envs": 2, "kwargs": {"num_workers": 0, "N": 2, "max_cycles": 5}},
+        "rollout_length": 5,
+        "total_env_steps": 10,
+        "eval_episodes": 2,
+        "progress": False,
+    }
+    run = train("pettingzoo/simple_spread", tiny_run, run_dir=tmp_path)
+    resumed = resume(run.dir, ["total_env_steps=20", "env.kwargs.num_workers=1"])
+    assert resumed.summary["env_steps"] == 20
+    assert resumed.config.env.kwargs == {"num_workers": 1, "N": 2, "max_cycles": 5}
+    with pytest.raises(ConfigError, match="'env.kwargs' cannot change when resuming"):
+        resume(run.dir, ["total_env_steps=30", "env.kwargs.N=3"])
+
+
 def test_readme_own_env_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The README's "PettingZoo env of your own" module, trained for one update with its command.
     from mappo import config as C
@@ -184,6 +205,9 @@ def test_bad_inputs_are_clear_errors() -> None:
         PettingZooAdapter(_NoLimitEnv, num_envs=1, num_workers=0)
     with pytest.raises(EnvError, match="picklable"):
         PettingZooAdapter(lambda: TinyEnv(), num_envs=2, num_workers=1)
+    # An AEC env's reset() returns None: the error says to give its parallel form.
+    with pytest.raises(EnvError, match="PettingZoo AEC env .* give its parallel form"):
+        PettingZooAdapter("mpe2.simple_spread_v3:env", num_envs=1, num_workers=0)
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])

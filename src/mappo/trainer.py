@@ -807,10 +807,24 @@ _FIXED_ALGO_KEYS = (
 )
 
 
+# Env keyword arguments that only spread the envs over processes (the adapters' options): a run
+# moved to a machine with other cores may change them.
+_WORK_SPLIT_KWARGS = (
+    "num_workers",
+    "envs_per_worker",
+    "start_method",
+    "timeout",
+    "startup_timeout",
+)
+
+
 def _check_resumable(saved: TrainConfig, cfg: TrainConfig) -> None:
     """Refuse overrides that the checkpoint's state cannot follow (shapes, the env, the seed)."""
     old = config_mod._flatten(config_mod.to_dict(saved))
     new = config_mod._flatten(config_mod.to_dict(cfg))
+    for flat in (old, new):
+        kwargs = flat.get("env.kwargs") or {}
+        flat["env.kwargs"] = {k: v for k, v in kwargs.items() if k not in _WORK_SPLIT_KWARGS}
     for key in new:
         fixed = key.startswith(_FIXED_ON_RESUME) or key in _FIXED_ALGO_KEYS
         if fixed and old.get(key) != new[key]:

@@ -379,6 +379,12 @@ class ParallelEnvAdapter(BatchedEnv):
                 raise EnvError(
                     f"{self.name}: the environment's reset() raised {type(err).__name__}: {err}"
                 ) from err
+            if first is None and hasattr(probe, "agent_selection"):  # PettingZoo's AEC API
+                raise EnvError(
+                    f"{self.name}: this is a PettingZoo AEC env (agents act in turns); give its "
+                    "parallel form (a module's parallel_env, or a function that returns "
+                    "pettingzoo.utils.conversions.aec_to_parallel(env))"
+                )
             if not (isinstance(first, tuple) and len(first) == 2 and isinstance(first[0], dict)):
                 raise EnvError(
                     f"{self.name}: reset() must return (observations, infos), dicts keyed by "
