@@ -187,6 +187,32 @@ def test_a_saved_run_never_calls_what_its_config_names(tmp_path, capsys) -> None
         assert not marker.exists()
 
 
+def test_a_class_of_the_running_script_is_named_as_such(
+    user_folder, tmp_path, capsys, monkeypatch
+) -> None:
+    """``python:__main__:<class>`` trains (with a warning), but only a script that defines the
+    class can open the run: the mappo command says so instead of a missing attribute."""
+    import mappo
+
+    module = _example_module(user_folder, f"unused/{uuid.uuid4().hex[:6]}")
+    monkeypatch.syspath_prepend(str(user_folder))
+    env_class = __import__(module).GuessTheColor
+    monkeypatch.setattr(sys.modules["__main__"], "LocalColors", env_class, raising=False)
+    overrides = [a for a in TINY if not a.startswith("env.kwargs")]
+    overrides += ["env.name=python:__main__:LocalColors", "env.kwargs={num_agents: 3}"]
+    with pytest.warns(UserWarning, match="is a class of the running script"):
+        run = mappo.train("mpe/simple_spread_fast", overrides, run_dir=tmp_path / "runs")
+    capsys.readouterr()
+    assert main(["eval", str(run.dir), "--episodes", "2"]) == 2
+    assert "names its env in the script that trained it" in capsys.readouterr().err
+    assert main(["eval", str(run.dir), "--import", "__main__"]) == 2
+    assert "--import __main__ cannot reach the script" in capsys.readouterr().err
+    # The script that defines the class opens it, as the message says.
+    monkeypatch.setattr(registry, "_TRUSTED", set(registry._TRUSTED))
+    registry.trust_module("__main__")
+    assert mappo.resume(run.dir, {"total_env_steps": 500}).summary["env_steps"] >= 500
+
+
 def test_a_bad_import_option_is_one_line_and_exit_2(user_folder, capsys) -> None:
     assert main(["list", "--import", "no_such_module_xyz"]) == 2
     err = capsys.readouterr().err

@@ -564,6 +564,12 @@ def _import_modules(args: argparse.Namespace) -> None:
     from mappo.envs.registry import trust_module
 
     for module in getattr(args, "imports", []):
+        if module == "__main__":  # here that is the mappo command itself
+            raise config_mod.ConfigError(
+                "--import __main__ cannot reach the script that trained a run; open that run "
+                "from a script that defines its env class, or move the class into a module "
+                "and pass --import <module>"
+            )
         require_module(f"--import {module}", module)
         trust_module(module)  # a saved run may name it (python:<module>:<class>)
 

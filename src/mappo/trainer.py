@@ -146,6 +146,14 @@ class Trainer:
                 "products here, many times slower than float32; set model.precision=fp32",
                 stacklevel=2,
             )
+        if imported_module(cfg.env.name) == "__main__" and checkpoint is None:
+            warnings.warn(
+                f"env.name={cfg.env.name} is a class of the running script, which no other "
+                "process can import: this run opens only from a script that defines it (move "
+                "the class into a module, python:<module>:<class>, to evaluate or resume it "
+                "with the mappo command)",
+                stacklevel=2,
+            )
         if env is None:
             _check_memory(cfg, device)
             env = make_env(

@@ -77,6 +77,13 @@ def _check_trusted(name: str) -> None:
     module = imported_module(name)
     if source is None or module is None or module in _TRUSTED:
         return
+    if module == "__main__":
+        raise EnvError(
+            f"'{source}' names its env in the script that trained it ({name}), which no other "
+            "process can import: open it from a script that defines that class (after "
+            "mappo.envs.trust_module('__main__')), or move the class into a module and train "
+            "with python:<module>:<class>"
+        )
     raise EnvError(
         f"'{source}' names its env by import path ({name}); opening a saved run imports no "
         f"module named in it on its own: if you trust the code of '{module}', pass "
