@@ -15,7 +15,7 @@ from mappo.cli import main
 from mappo.experiments import stats
 from mappo.experiments.plot import aggregate, plot_curves
 from mappo.experiments.report import first_reach, marl_eval, report_rows
-from mappo.experiments.runs import find_runs, group_runs
+from mappo.experiments.runs import ResultsError, find_runs, group_runs
 
 RETURN = "eval/eval_return_mean"
 
@@ -98,6 +98,8 @@ def test_time_to_a_target_is_judged_by_the_mean_of_consecutive_evaluations(tmp_p
     (none,) = report_rows(configs, RETURN, target=-100.0)
     assert none.reached == 0 and np.isnan(none.target_steps) and np.isnan(none.target_seconds)
     assert np.isnan(report_rows(configs, RETURN)[0].target)
+    with pytest.warns(UserWarning, match="4 evaluation.*fewer than --window=5.*cannot count"):
+        assert report_rows(configs, RETURN, target=-120.0, window=5)[0].reached == 0
     steps = np.array([1.0, 2.0])
     assert first_reach(steps, steps, np.array([5.0, 5.0]), 0.0, 3) is None  # too few
     assert first_reach(steps, steps * 10, np.array([-1.0, 5.0]), 2.0, 2) == (2.0, 20.0)
@@ -239,6 +241,36 @@ def test_runs_without_values_are_left_out_and_each_task_gets_its_own_metric(tmp_
     with pytest.warns(UserWarning, match="does not log"):
         fig = plot_curves(configs, RETURN)
     assert len(fig.axes) == 1 and len(fig.axes[0].lines) == 1
+
+
+def test_a_seed_trained_twice_counts_once(tmp_path, capsys):
+    """The same command run twice (seed 1 in two folders) is one seed, not two: counted twice it
+    would narrow the interval. The run that trained further counts."""
+    _fake_run(tmp_path / "a", 1, [(1000, -200.0)])
+    _fake_run(tmp_path / "b", 1, [(1000, -190.0), (2000, -150.0)])
+    _fake_run(tmp_path / "c", 2, [(1000, -180.0), (2000, -130.0)])
+    with pytest.warns(UserWarning, match=r"seed1' \(seed 1\) repeats a seed .* counts once"):
+        (conf,) = group_runs(find_runs([tmp_path]))
+    assert [(r.seed, r.final(RETURN)) for r in conf.runs] == [(1, -150.0), (2, -130.0)]
+    assert report_rows([conf])[0].seeds == 2
+    assert sorted(marl_eval([conf])["mpe"]["simple_spread"][conf.label]) == ["seed_1", "seed_2"]
+
+
+def test_runs_that_have_not_evaluated_yet_are_one_error(tmp_path, capsys):
+    """Runs stopped before their first evaluation: plot and report say so (plot named a missing
+    column, report printed an empty row and exited 0)."""
+    early = _fake_run(tmp_path, 1, [])
+    (early / "metrics.csv").write_text("env_steps,wall_seconds,train/episode_return\n50,1.0,-3\n")
+    for argv in (
+        ["plot", str(tmp_path), "--out", str(tmp_path / "c.png")],
+        ["report", str(tmp_path)],
+    ):
+        assert main(argv) == 2
+        assert "no run has evaluated yet" in capsys.readouterr().err
+    (early / "metrics.csv").write_text(f"env_steps,wall_seconds,{RETURN}\n50,1.0,\n")
+    with pytest.warns(UserWarning, match="have no"):
+        with pytest.raises(ResultsError, match="no run has evaluated yet"):
+            report_rows(group_runs(find_runs([tmp_path])))
 
 
 def test_plot_draws_one_panel_per_task(tmp_path):

@@ -17,6 +17,7 @@ import csv
 import io
 import json
 import math
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from mappo.experiments.runs import (
     RunRecord,
     check_metric,
     default_metric,
+    not_evaluated,
     with_values,
 )
 from mappo.experiments.stats import bootstrap
@@ -158,6 +160,8 @@ def report_rows(
                 target_seconds_max=max((t for _, t in reached), default=math.nan),
             )
         )
+    if rows and not any(row.seeds for row in rows):
+        raise not_evaluated(metric or default_metric([r for c in configs for r in c.runs]))
     return rows
 
 
@@ -175,6 +179,12 @@ def _reach(run: RunRecord, metric: str, target: float, window: int) -> tuple[flo
     c = run.columns
     keep = np.isfinite(c[metric]) & np.isfinite(c["env_steps"]) & np.isfinite(c["wall_seconds"])
     steps, seconds, values = c["env_steps"][keep], c["wall_seconds"][keep], c[metric][keep]
+    if len(values) < window:  # else a short run would read as one that missed the level
+        warnings.warn(
+            f"'{run.dir}' has {len(values)} evaluation(s), fewer than --window={window}, so it "
+            "cannot count as reaching the target; train it longer or lower --window",
+            stacklevel=3,
+        )
     return first_reach(steps, seconds, values, target, window)
 
 
@@ -271,15 +281,8 @@ def marl_eval(configs: list[Configuration], metric: str | None = None) -> dict[s
         env, _, task = conf.task.partition("/")
         algo = out.setdefault(env, {}).setdefault(task or env, {}).setdefault(conf.label, {})
         for run in with_values(conf, column):
-            algo[_run_name(run, algo)] = _marl_eval_run(run, column, name)
+            algo[f"seed_{run.seed}"] = _marl_eval_run(run, column, name)  # one run per seed
     return out
-
-
-def _run_name(run: RunRecord, taken: dict[str, Any]) -> str:
-    name, k = f"seed_{run.seed}", 1
-    while name in taken:  # two runs of one seed (e.g. repeated by hand): keep both
-        name, k = f"seed_{run.seed}_{k}", k + 1
-    return name
 
 
 def _marl_eval_run(run: RunRecord, metric: str, name: str) -> dict[str, Any]:

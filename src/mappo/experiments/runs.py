@@ -237,17 +237,50 @@ def group_runs(runs: list[RunRecord]) -> list[Configuration]:
         )
         extra = " ".join(f"{k}={mine.get(k, '-')}" for k in varying)
         conf.label = f"{conf.key[0]} {conf.key[1]}" + (f" {extra}" if extra else "")
-        conf.runs.sort(key=lambda r: (r.seed, str(r.dir)))
+        conf.runs = _one_run_per_seed(conf)
     return sorted(configs, key=lambda c: c.label)
+
+
+def _one_run_per_seed(conf: Configuration) -> list[RunRecord]:
+    """``conf``'s runs, one per seed, sorted by seed: a seed trained again (the same command
+    run twice) learns what it learned the first time, and counted twice it would narrow the
+    confidence intervals. Of repeats, the run that trained furthest (then the latest folder)
+    counts; the others are named in a warning."""
+    kept: dict[int, RunRecord] = {}
+    for run in sorted(conf.runs, key=lambda r: (r.columns["env_steps"][-1], str(r.dir))):
+        kept[run.seed] = run  # the run that trained furthest comes last
+    dropped = [r for r in conf.runs if kept[r.seed] is not r]
+    if dropped:
+        names = ", ".join(f"'{r.dir}' (seed {r.seed})" for r in dropped[:3])
+        more = f" and {len(dropped) - 3} more" if len(dropped) > 3 else ""
+        warnings.warn(
+            f"'{conf.label}': {names}{more} {'repeats' if len(dropped) == 1 else 'repeat'} "
+            "a seed of another run of this "
+            "configuration; each seed counts once (the run that trained furthest)",
+            stacklevel=3,
+        )
+    return sorted(kept.values(), key=lambda r: r.seed)
 
 
 def check_metric(runs: list[RunRecord], metric: str) -> None:
     """Refuse a metric that no run logs, naming the columns they have."""
     if not any(metric in r.columns for r in runs):
+        if metric.startswith("eval/") and not any(
+            c.startswith("eval/") for r in runs for c in r.columns
+        ):
+            raise not_evaluated(metric)
         columns = sorted({c for r in runs for c in r.columns})
         raise ResultsError(
             f"no run logs the column '{metric}'; the runs have: {', '.join(columns)}"
         )
+
+
+def not_evaluated(metric: str) -> ResultsError:
+    """The error for runs of which none has a value of ``metric`` yet."""
+    return ResultsError(
+        f"no run has evaluated yet (no value of '{metric}'; a run evaluates every eval_interval "
+        "iterations and at its end); report or plot again after its first evaluation"
+    )
 
 
 def with_values(conf: Configuration, metric: str, x: str = "env_steps") -> list[RunRecord]:
