@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from mappo.envs import EnvError, make
+from mappo.envs.hanabi import HanabiEnv
 from mappo.envs.hanabi.game import HanabiGames, HanabiRules
 
 SEED = int(os.environ.get("MAPPO_HANABI_SEED", "0"))
@@ -888,9 +889,15 @@ def test_scripted_player_renders_one_of_its_games(tmp_path, capsys):
 def test_hanabi_parameters_must_be_whole_numbers():
     for bad in ("two", 2.5, True):
         with pytest.raises(EnvError, match="players must be a whole number"):
-            make("hanabi/full-2p", num_envs=1, players=bad)
+            HanabiEnv(num_envs=1, players=bad)
     with pytest.raises(EnvError, match="^hanabi: Hanabi needs 2-5 players"):
-        make("hanabi/full-2p", num_envs=1, players=6)
+        HanabiEnv(num_envs=1, players=6)
+    # A registered name fixes what it names: three players are hanabi/full-3p, not a
+    # hanabi/full-2p run that plays three.
+    with pytest.raises(EnvError, match="'players' is set by the env's name \\(players=2\\)"):
+        make("hanabi/full-2p", num_envs=1, players=3)
+    with pytest.raises(EnvError, match="unknown parameter 'colours'; did you mean 'colors'"):
+        make("hanabi/full-2p", num_envs=1, colours=3)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])

@@ -189,8 +189,10 @@ def test_bad_names_and_parameters_raise() -> None:
         make("smac/3m", jitter=-1.0)
     with pytest.raises(EnvError, match="reward_scale_rate"):
         make("smac/3m", reward_scale_rate=0)
-    with pytest.raises(EnvError, match="bad parameter"):
+    with pytest.raises(EnvError, match="unknown parameter 'jiter'; did you mean 'jitter'"):
         make("smac/3m", jiter=0.1)
+    with pytest.raises(EnvError, match="'map_name' is set by the env's name"):
+        make("smac/3m", map_name="8m")  # ("got multiple values for argument 'map_name'")
     with pytest.raises(EnvError, match="num_envs"):
         make("smac/3m", num_envs=0)
     with pytest.raises(EnvError, match="agent_state must be true or false"):

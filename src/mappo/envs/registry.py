@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import difflib
 import functools
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -178,6 +179,9 @@ def make(
         env = _SCHEMES[scheme](target, num_envs=num_envs, device=device, seed=seed, **kwargs)
     else:
         check_name(name)
+        problem = _parameter_problem(name, _ENVS[name].factory, kwargs)
+        if problem is not None:
+            raise EnvError(problem)
         try:
             env = _ENVS[name].factory(num_envs=num_envs, device=device, seed=seed, **kwargs)
         except TypeError as err:
@@ -190,6 +194,38 @@ def make(
             env.close()
             raise
     return env
+
+
+_CALL_ARGUMENTS = ("num_envs", "device", "seed")
+
+
+def _parameter_problem(name: str, factory: EnvFactory, kwargs: dict[str, Any]) -> str | None:
+    """Why ``kwargs`` cannot go to the env ``name`` made by a ``functools.partial`` of a built-in
+    env, or None: a parameter that the name sets (``smac/3m``'s map, ``hanabi/full-2p``'s two
+    players; overriding it would train another env under this one's name), or one the env does
+    not take (listing those it does, where a bare TypeError named neither)."""
+    if not isinstance(factory, functools.partial) or not _is_builtin(factory):
+        return None
+    try:
+        params = inspect.signature(factory.func).parameters
+    except (TypeError, ValueError):  # nothing to inspect: the env's own checks answer
+        return None
+    bound = {**dict(zip(params, factory.args, strict=False)), **factory.keywords}
+    for key in kwargs:
+        if key in bound:
+            return (
+                f"{name}: '{key}' is set by the env's name ({key}={bound[key]!r}); name the env "
+                f"that has the {key} you want instead (`mappo list` shows them)"
+            )
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None  # the env passes its keywords on (a VMAS scenario's): it checks them
+    valid = [k for k in params if k not in bound and k not in _CALL_ARGUMENTS]
+    for key in kwargs:
+        if key not in valid and key not in _CALL_ARGUMENTS:
+            close = difflib.get_close_matches(key, valid, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            return f"{name}: unknown parameter '{key}'{hint} (valid parameters: {', '.join(valid)})"
+    return None
 
 
 def check_name(name: str) -> None:
