@@ -70,13 +70,20 @@ def test_another_env_gets_only_the_kwargs_of_the_overrides() -> None:
     # env named in its place refused it ("unexpected keyword argument 'time_feature'").
     cfg = C.load("mpe/simple_spread_ff_fast", ["env.name=pettingzoo:mpe2.simple_adversary_v3"])
     assert cfg.env.kwargs == {} and cfg.model.recurrent == "none"  # the settings stay
-    swap = ["env.name=vmas/navigation", "env.kwargs.n_agents=2", "env.kwargs.max_steps=100"]
-    assert C.load("vmas/balance", swap).env.kwargs == {"n_agents": 2, "max_steps": 100}
-    swap = {"env": {"name": "vmas/navigation", "kwargs": {"n_agents": 2}}}
+    swap = ["env.name=python:my_envs:Mine", "env.kwargs.n_agents=2"]
     assert C.load("vmas/balance", swap).env.kwargs == {"n_agents": 2}
-    # The same env named again is no change of env: the preset's kwargs stay.
+    swap = {"env": {"name": "vmas/navigation", "kwargs": {"n_agents": 2}}}
+    assert C.load("vmas/balance", swap).env.kwargs == {"n_agents": 2}  # replaced as a whole
+    # Another env of the same family takes the same parameters: the preset's stay.
+    cfg = C.load("smac/3s5z_fast", ["env.name=smac/MMM"])
+    assert cfg.env.kwargs == {"regeneration_reward": False} and cfg.preset == ""
     cfg = C.load("vmas/balance", ["env.name=vmas/balance", "env.kwargs.n_agents=2"])
     assert cfg.env.kwargs["package_mass"] == 5 and cfg.env.kwargs["n_agents"] == 2
+    assert [C.env_family(n) for n in ("smac/3m", "gymnasium:lbforaging:F-v3", "python:m:C")] == [
+        "smac",
+        "gymnasium:lbforaging",
+        "python:m",
+    ]
 
 
 def test_unknown_key_names_nearest_valid_key() -> None:

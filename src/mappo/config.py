@@ -593,6 +593,21 @@ _RUN_OWNED_KWARGS = {"num_envs": "env.num_envs", "seed": "seed", "device": "devi
 """Env constructor arguments that the run itself passes, and the config keys that set them."""
 
 
+def non_finite(value: Any, where: str) -> tuple[str, float] | None:
+    """The first NaN or inf inside ``value`` (numbers, lists and mappings of them) and where it
+    is, as ``("env.kwargs.x[2]", inf)``; None if there is none."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    items = value.items() if isinstance(value, dict) else None
+    if items is None and isinstance(value, list | tuple):
+        items = ((f"[{i}]", v) for i, v in enumerate(value))
+    for key, sub in items or ():
+        found = non_finite(sub, f"{where}{key}" if str(key).startswith("[") else f"{where}.{key}")
+        if found is not None:
+            return found
+    return None
+
+
 def check(cfg: TrainConfig) -> None:
     """Checks that involve more than one field."""
     owned = sorted(set(cfg.env.kwargs or {}) & set(_RUN_OWNED_KWARGS))
@@ -601,6 +616,12 @@ def check(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"config field 'env.kwargs' sets '{key}', which the run passes to the env itself; "
             f"set {_RUN_OWNED_KWARGS[key]}={cfg.env.kwargs[key]!r} instead"
+        )
+    bad = non_finite(cfg.env.kwargs or {}, "env.kwargs")
+    if bad is not None:
+        raise ConfigError(
+            f"config field '{bad[0]}' is {bad[1]}; env parameters must be finite numbers, as "
+            "every config value (an env given inf or NaN computes NaN rewards or positions)"
         )
     if not isinstance(cfg.algo, ALGO_CLASSES[cfg.algo.name]):
         raise ConfigError(
@@ -838,8 +859,9 @@ def load(
     """A config from a preset name or YAML path (or the defaults), then ``KEY=VALUE`` overrides.
 
     Overrides that name another env (``env.name=...``) make the preset a template of settings:
-    the run is no longer the preset's (``preset`` is cleared) and the env gets only the keyword
-    arguments the overrides give it, not the preset's."""
+    the run is no longer the preset's (``preset`` is cleared), and an env of another family
+    (:func:`env_family`) gets only the keyword arguments the overrides give it, not the
+    preset's."""
     cfg = TrainConfig()
     if source:
         for where, data in _load_layers(source):
@@ -854,15 +876,25 @@ def load(
     apply(cfg, values)
     if cfg.env.name != env_name:  # a preset used as a template for another env is not that task
         cfg.preset = ""
-        # The preset's env.kwargs are arguments of its own env (the particle world's
-        # time_feature, a VMAS scenario's parameters), which another env would refuse or
-        # misread: the new env gets the keyword arguments the overrides name, and no others.
+        # The preset's env.kwargs are arguments of its own kind of env (the particle world's
+        # time_feature), which another kind would refuse or misread: an env of another family
+        # gets the keyword arguments the overrides name, and no others. (Another map of the
+        # same family, smac/3s5z -> smac/MMM, takes the same parameters and keeps them.)
         given = _flatten(values)
-        if "env.kwargs" not in given:
+        if "env.kwargs" not in given and env_family(cfg.env.name) != env_family(env_name):
             cfg.env.kwargs = {
                 k: v for k, v in cfg.env.kwargs.items() if _KWARGS_PREFIX + k in given
             }
     return cfg
+
+
+def env_family(name: str) -> str:
+    """The kind of env a name makes, whose envs take the same parameters: the part before the
+    first ``/`` of a registered name (``smac`` of ``smac/3m``), the scheme and module of an
+    import path (``gymnasium:lbforaging`` of ``gymnasium:lbforaging:Foraging-8x8-2p-2f-v3``)."""
+    if ":" in name:
+        return ":".join(name.split(":")[:2])
+    return name.split("/", 1)[0]
 
 
 def parse_overrides(items: list[str], example: str = "algo.epochs=5") -> dict[str, Any]:
