@@ -206,6 +206,26 @@ CASES = [
         "'env.name' cannot change when resuming",
     ),
     Case(
+        "env-kwargs-inf", _train("env.kwargs.local_ratio=.inf"), "'env.kwargs.local_ratio' is inf"
+    ),
+    Case("env-kwargs-nested-nan", _train("env.kwargs={a: [1, .nan]}"), "'env.kwargs.a[1]' is nan"),
+    Case("eval-env-nan", _eval("local_ratio=.nan"), "env parameter 'local_ratio' is nan"),
+    Case(
+        "plot-into-a-missing-folder",
+        lambda c: ["plot", str(c.run), "--out", str(c.tmp / "no_folder" / "c.png")],
+        "check the path (to write a file there, create its folder first)",
+    ),
+    Case(
+        "resume-elsewhere",
+        _resume("total_env_steps=600", "run_dir=elsewhere"),
+        "'run_dir' places a new run and cannot change when resuming",
+    ),
+    Case(
+        "resume-a-checkpoint-file",
+        lambda c: [*RESUME_MORE, str(_ckpts(c.run)[-1]), "total_env_steps=600"],
+        "is a file; resume takes the run directory",
+    ),
+    Case(
         "resume-num-envs",
         _resume("total_env_steps=600", "env.num_envs=8"),
         "'env.num_envs' cannot change when resuming",
@@ -771,6 +791,21 @@ def test_a_second_signal_names_the_older_checkpoint_it_resumes_from(monkeypatch,
     assert code == 130
     assert "stopped at once at env step 707,200" in err and f"the newest is {older}" in err
     assert f"mappo train --resume {tmp_path / 'run'}" in err and "saved" not in err
+
+
+def test_a_second_signal_in_the_first_iteration_leaves_no_folder(monkeypatch, capsys, tmp_path):
+    """Stopped at once before anything was trained (a long first iteration, Ctrl-C twice): the
+    new folder held a config and nothing to resume; it is removed, and the message says so."""
+    from mappo.learners.ppo import PPOLearner
+
+    def interrupted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PPOLearner, "iterate", interrupted)
+    code, _, err = _cli(capsys, [*SPREAD, f"run_dir={tmp_path / 'runs'}", "progress=false"])
+    assert code == 130
+    assert "before the first checkpoint" in err and "nothing in it, removed" in err
+    assert list((tmp_path / "runs").iterdir()) == []
 
 
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):

@@ -226,6 +226,19 @@ def test_console_script_is_installed():
     assert out.returncode == 0 and "train" in out.stdout
 
 
+def test_output_to_a_closed_pipe_stops_quietly():
+    # `mappo list | head -1`: the reader goes before the output is written ("mappo: error:
+    # Broken pipe" and exit 2 before).
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mappo.cli", "list", "--keys"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 141 and err == b""
+
+
 def test_progress_line_past_the_total_shows_no_time_left():
     out = io.StringIO()
     ProgressBar(total=300_000, stream=out).update(300_800, 790.0, -152.8, final=True)

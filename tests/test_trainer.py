@@ -63,6 +63,19 @@ def test_every_variant_on_every_scenario_writes_its_run_dir(tmp_path, scenario, 
         assert f"loss/{group}/{k}" in rows[-1]
 
 
+def test_a_folder_that_holds_a_run_is_not_trained_into_again(tmp_path):
+    """``run_dir=`` names the run's own folder: a second run into it replaced the first one's
+    config and metrics and left its later checkpoints beside its own (a resume then took them).
+    The summary file holds the folder's absolute path."""
+    first = train("mpe/simple_spread_fast", {**TINY, "seed": 1}, run_dir=tmp_path / "run")
+    saved = {f: (first.dir / f).read_bytes() for f in ("config.yaml", "metrics.csv")}
+    with pytest.raises(C.ConfigError, match="already holds a run; continue it with mappo.resume"):
+        train("mpe/simple_spread_fast", {**TINY, "seed": 2}, run_dir=tmp_path / "run")
+    assert {f: (first.dir / f).read_bytes() for f in saved} == saved
+    summary = json.loads((first.dir / "summary.json").read_text())
+    assert summary["run_dir"] == str((tmp_path / "run").absolute())
+
+
 def _collected(overrides: dict) -> Trainer:
     cfg = C.load(None, {**TINY, **overrides})
     trainer = Trainer(cfg)

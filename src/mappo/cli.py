@@ -103,7 +103,7 @@ def _print_summary(summary: dict) -> None:
         print(f"  {k:22s} {v}")
     extra = {k: v for k, v in summary.items() if k.startswith("eval_") and k not in keys}
     for k, v in extra.items():
-        print(f"  {k:22s} {v:.3f}" if isinstance(v, float) else f"  {k:22s} {v}")
+        print(f"  {k:22s} {_number(k, v)}")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -156,7 +156,15 @@ def _print_result(result: dict, as_json: bool) -> None:
         print(json.dumps(result))
         return
     for k, v in result.items():
-        print(f"{k:22s} {v:.3f}" if isinstance(v, float) else f"{k:22s} {v}")
+        print(f"{k:22s} {_number(k, v)}")
+
+
+def _number(key: str, value: Any) -> str:
+    """A result's value as printed: a count of episodes as a whole number, other floats to
+    three decimals."""
+    if isinstance(value, float) and key.endswith("episodes") and value.is_integer():
+        return str(int(value))
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
 def cmd_eval_scripted(args: argparse.Namespace) -> int:
@@ -329,6 +337,11 @@ def _eval_env_kwargs(words: list[str]) -> dict[str, Any]:
                 f"env.kwargs.NAME=VALUE), got '{key}='; training settings stay the run's"
             )
         out[name] = value
+    bad = config_mod.non_finite(out, "")
+    if bad is not None:
+        raise config_mod.ConfigError(
+            f"env parameter '{bad[0].lstrip('.')}' is {bad[1]}; env parameters must be finite"
+        )
     return out
 
 
@@ -602,7 +615,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--episodes", type=_positive_int, default=32, help="evaluation episodes (default 32)"
     )
-    e.add_argument("--seed", type=int, default=12345)
+    e.add_argument(
+        "--seed", type=int, default=12345, help="seed of the evaluation's envs (default 12345)"
+    )
     e.add_argument("--device", default="cpu")
     e.add_argument("--sample", action="store_true", help="sample actions instead of greedy")
     e.add_argument("--gif", type=Path, help="also render one episode to this GIF file")
@@ -756,6 +771,8 @@ def _os_error(err: OSError) -> str:
         extra = "; the checkpoints written before are intact: free space and resume"
     elif err.errno in (errno.EPERM, errno.EACCES, errno.EROFS):
         extra = "; choose a writable place"
+    elif err.errno == errno.ENOENT:  # a file to read, or the folder of one to write
+        extra = "; check the path (to write a file there, create its folder first)"
     return f"{reason}{where}{extra}"
 
 
@@ -769,6 +786,18 @@ def _import_option(run_dir: Path) -> str:
     except Exception:  # the hint is best effort; the run's files are checked on resume
         return ""
     return f" --import {module}" if module else ""
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll's POLLERR on it)."""
+    try:
+        import select
+
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLERR)
+        return any(event & select.POLLERR for _, event in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows) or no real stdout
+        return False
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
@@ -798,6 +827,14 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _error(err)
         return EXIT_USAGE
+    except BrokenPipeError as err:
+        if not _stdout_closed():  # a pipe of the command's own (a worker's) broke
+            _error(_os_error(err))
+            return EXIT_USAGE
+        # The reader of the output went away (`mappo list | head`): stop quietly, as a tool
+        # killed by SIGPIPE does, with nothing left for Python to flush at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except OSError as err:
         _error(_os_error(err))
         return EXIT_USAGE
@@ -806,9 +843,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_DIVERGED
     except RunInterrupted as err:
         if err.checkpoint is None:
+            kept = (
+                "" if Path(err.run_dir).is_dir() else " (its folder, with nothing in it, removed)"
+            )
             print(
                 f"mappo: interrupted at env step {err.env_steps:,} before the first checkpoint "
-                f"of '{err.run_dir}'; nothing to resume",
+                f"of '{err.run_dir}'; nothing to resume{kept}",
                 file=sys.stderr,
             )
         else:

@@ -146,6 +146,14 @@ class Trainer:
                 "products here, many times slower than float32; set model.precision=fp32",
                 stacklevel=2,
             )
+        per_iteration = cfg.env.num_envs * cfg.rollout_length
+        if cfg.family == "ppo" and cfg.total_env_steps < per_iteration and checkpoint is None:
+            warnings.warn(
+                f"total_env_steps={cfg.total_env_steps:,} is less than one iteration "
+                f"(env.num_envs x rollout_length = {per_iteration:,} env steps), which the run "
+                "trains in full; lower env.num_envs for a shorter run",
+                stacklevel=2,
+            )
         if imported_module(cfg.env.name) == "__main__" and checkpoint is None:
             warnings.warn(
                 f"env.name={cfg.env.name} is a class of the running script, which no other "
@@ -556,6 +564,8 @@ def train(
             f"num_seeds={cfg.num_seeds} trains several runs; call mappo.train_seeds (which "
             "returns one Run per seed), or set num_seeds=1"
         )
+    if run_dir is not None:
+        _check_unused(Path(run_dir))
     trainer = Trainer(cfg)
     try:
         path = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
@@ -566,6 +576,21 @@ def train(
     trainer.run_dir = path
     return _run([trainer], lambda: [trainer.learner.iterate(trainer.iteration, trainer.env_steps)],
                 [None])[0]  # fmt: skip
+
+
+def _check_unused(path: Path) -> None:
+    """Refuse a run folder given by the caller that already holds a run: a second run written
+    into it would replace its config and metrics and leave the first one's later checkpoints
+    beside its own, which a resume or an evaluation would then take."""
+    if (
+        (path / "config.yaml").is_file()
+        or (path / "metrics.csv").is_file()
+        or any((path / "checkpoints").glob("iter_*.pt"))
+    ):
+        raise config_mod.ConfigError(
+            f"'{path}' already holds a run; continue it with mappo.resume('{path}') (mappo "
+            "train --resume), or give the new run a folder of its own"
+        )
 
 
 def _load(cfg: TrainConfig | str, overrides: list[str] | dict[str, Any] | None) -> TrainConfig:
@@ -619,6 +644,8 @@ def train_stacked(cfgs: list[TrainConfig], run_dirs: list[str | Path]) -> list[R
     if len({p.resolve() for p in paths}) < len(paths):
         raise config_mod.ConfigError("a run directory is given twice; give each seed its own")
     _check_stackable(cfgs, [str(p) for p in paths])
+    for p in paths:
+        _check_unused(p)
     for p in paths:
         p.mkdir(parents=True, exist_ok=True)
     return _run_stacked(
@@ -763,6 +790,12 @@ def resume_seeds(
 
 def _existing(path: Path) -> Path:
     """``path``, or a one-line error if it is not a directory."""
+    if path.is_file():  # a checkpoint, as eval takes: a resume continues the run's newest one
+        run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+        raise CheckpointError(
+            f"'{path}' is a file; resume takes the run directory ('{run}'), and continues "
+            "from its newest usable checkpoint"
+        )
     if not path.is_dir():
         raise CheckpointError(f"run directory '{path}' does not exist")
     return path
@@ -830,6 +863,13 @@ def _check_resumable(saved: TrainConfig, cfg: TrainConfig) -> None:
     """Refuse overrides that the checkpoint's state cannot follow (shapes, the env, the seed)."""
     old = config_mod._flatten(config_mod.to_dict(saved))
     new = config_mod._flatten(config_mod.to_dict(cfg))
+    for key in ("run_dir", "name"):
+        if old.get(key) != new.get(key):
+            raise config_mod.ConfigError(
+                f"config field '{key}' places a new run and cannot change when resuming "
+                f"({old.get(key)!r} -> {new.get(key)!r}): a resumed run continues in its own "
+                "folder (move or copy the folder to have it elsewhere)"
+            )
     for flat in (old, new):
         kwargs = flat.get("env.kwargs") or {}
         flat["env.kwargs"] = {k: v for k, v in kwargs.items() if k not in _WORK_SPLIT_KWARGS}
@@ -959,6 +999,15 @@ def _run(
     paths = [t.run_dir for t in trainers]
     assert all(p is not None for p in paths)
     loggers: list[MetricsLogger] = []
+
+    def tidy_unstarted() -> None:
+        # A fresh run stopped (an env failing in its first steps, or a second Ctrl-C in its
+        # first iteration) before anything was trained: its folders would hold a config and
+        # nothing to resume, evaluate or report.
+        if all(step is None for step in resume_steps) and len(loggers) == len(trainers):
+            for t, logger in zip(trainers, loggers, strict=True):
+                _remove_unstarted(t, logger)
+
     try:
         with contextlib.ExitStack() as stack:
             for t, step in zip(trainers, resume_steps, strict=True):
@@ -1005,6 +1054,7 @@ def _run(
                 summaries = [t.finish() for t in trainers]
     except KeyboardInterrupt:
         # A second Ctrl-C during an iteration: the checkpoints written so far are intact.
+        tidy_unstarted()
         t = trainers[0]
         signum = t.stop_signal or signal.SIGINT
         raise RunInterrupted(
@@ -1015,14 +1065,8 @@ def _run(
             [u.run_dir for u in trainers[1:]],  # type: ignore[arg-type,misc]
             saved_at_stop=False,
         ) from None
-    except RunInterrupted:
-        raise
     except Exception:
-        # An error before anything was trained (an env failing in its first steps): the new
-        # run folders would hold a config and nothing to resume, evaluate or report.
-        if all(step is None for step in resume_steps) and len(loggers) == len(trainers):
-            for t, logger in zip(trainers, loggers, strict=True):
-                _remove_unstarted(t, logger)
+        tidy_unstarted()
         raise
     finally:
         for t in trainers:
@@ -1033,7 +1077,9 @@ def _run(
         assert path is not None
         summary["run_dir"] = str(path)
         tmp = path / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2))
+        # The file holds the folder's absolute path: a relative one would hold only from the
+        # folder that the command ran in (which a resume from elsewhere changed).
+        tmp.write_text(json.dumps({**summary, "run_dir": str(path.absolute())}, indent=2))
         tmp.replace(path / "summary.json")
         runs.append(Run(path, t.cfg, summary, t.policy))
     return runs

@@ -273,8 +273,9 @@ class ActorCritic(nn.Module):
             self.actors[name] = Actor(group, model)
             source = algo.critic_input
             if source == "agent_state" and group.agent_state_shape is None:
-                raise ValueError(
-                    f"group '{name}' has no agent-specific state; set algo.critic_input=state"
+                raise ConfigError(
+                    f"config field 'algo.critic_input' is 'agent_state' but this env gives "
+                    f"group '{name}' no agent-specific state; set algo.critic_input=state"
                 )
             width = {
                 "state": math.prod(spec.state_shape),
