@@ -65,7 +65,7 @@ def test_one_env_kwarg_keeps_the_presets_others() -> None:
         C.load("mpe/simple_spread", ["env.kwargs.a.b=1"])
 
 
-def test_another_env_gets_only_the_kwargs_of_the_overrides() -> None:
+def test_another_env_gets_only_the_kwargs_of_the_overrides(tmp_path) -> None:
     # The feed-forward preset's time_feature is an argument of the particle world: a PettingZoo
     # env named in its place refused it ("unexpected keyword argument 'time_feature'").
     cfg = C.load("mpe/simple_spread_ff_fast", ["env.name=pettingzoo:mpe2.simple_adversary_v3"])
@@ -79,6 +79,18 @@ def test_another_env_gets_only_the_kwargs_of_the_overrides() -> None:
     assert cfg.env.kwargs == {"regeneration_reward": False} and cfg.preset == ""
     cfg = C.load("vmas/balance", ["env.name=vmas/balance", "env.kwargs.n_agents=2"])
     assert cfg.env.kwargs["package_mass"] == 5 and cfg.env.kwargs["n_agents"] == 2
+    # the bare name of env.kwargs, a YAML file over a preset, the adapters' worker options
+    swap = ["env.name=pettingzoo:mpe2.simple_spread_v3", "kwargs={max_cycles: 30}"]
+    assert C.load("mpe/simple_spread_ff_fast", swap).env.kwargs == {"max_cycles": 30}
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(
+        "base: mpe/simple_spread_ff_fast\nenv:\n  name: pettingzoo:mpe2.simple_tag_v3\n"
+    )
+    assert C.load(str(mine)).env.kwargs == {}
+    swap = ["env.name=gymnasium:rware:rware-tiny-2ag-v2"]
+    assert C.load("lbf/8x8-2p-2f-coop_qmix", swap).env.kwargs == {"num_workers": 0}
+    # A saved run's config is opened as it was written (checks added since do not lock it out).
+    assert C.from_dict({"algo": {"name": "vdn", "mixing_embed_dim": 64}}).algo.name == "vdn"
     assert [C.env_family(n) for n in ("smac/3m", "gymnasium:lbforaging:F-v3", "python:m:C")] == [
         "smac",
         "gymnasium:lbforaging",

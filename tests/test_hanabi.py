@@ -866,7 +866,7 @@ def test_scripted_baseline_from_the_command_line(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["task"] == "hanabi/full-2p" and out["algo"] == "scripted"
     # well above random play (which scores about 0) on 64 games
-    assert out["score"] > 10 and 0 <= out["perfect"] <= 1
+    assert out["eval_score"] > 10 and 0 <= out["eval_perfect"] <= 1 and out["eval_episodes"] == 64
     assert main(["eval", "--scripted", "hanabi/full-9p"]) == 2
     assert "unknown Hanabi variant 'hanabi/full-9p'" in capsys.readouterr().err
 
@@ -982,8 +982,9 @@ def test_a_resumed_run_lands_where_the_whole_run_lands(tmp_path):
 
 
 def test_impossible_rules_are_refused_in_one_line():
+    with pytest.raises(EnvError, match="2-5 players"):
+        HanabiEnv(num_envs=1, players=6)
     for kwargs, message in (
-        ({"players": 6}, "2-5 players"),
         ({"colors": 1, "ranks": 1}, "cards per hand"),
         ({"hand_size": 0}, "cards per hand"),
         ({"max_life_tokens": 0}, "at least one life token"),

@@ -556,7 +556,7 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 _KWARGS_PREFIX = "env.kwargs."
 
 
-def apply(cfg: TrainConfig, values: dict[str, Any]) -> TrainConfig:
+def apply(cfg: TrainConfig, values: dict[str, Any], saved: bool = False) -> TrainConfig:
     """Set dotted keys (or unambiguous bare names) on ``cfg`` after checking them.
 
     ``env.kwargs.NAME`` sets one keyword argument of the environment and keeps the others (a
@@ -585,7 +585,7 @@ def apply(cfg: TrainConfig, values: dict[str, Any]) -> TrainConfig:
         for part in path:
             target = getattr(target, part)
         setattr(target, last, value)
-    check(cfg)
+    check(cfg, saved)
     return cfg
 
 
@@ -608,8 +608,11 @@ def non_finite(value: Any, where: str) -> tuple[str, float] | None:
     return None
 
 
-def check(cfg: TrainConfig) -> None:
-    """Checks that involve more than one field."""
+def check(cfg: TrainConfig, saved: bool = False) -> None:
+    """Checks that involve more than one field. ``saved``: the config of a run trained before
+    (a checkpoint's, or a resume's, whose fixed keys cannot change): the checks added since
+    some runs were trained (NaN or inf in env.kwargs, QMIX's mixer sizes on VDN and IQL) are
+    left out, so that such runs still open."""
     owned = sorted(set(cfg.env.kwargs or {}) & set(_RUN_OWNED_KWARGS))
     if owned:
         key = owned[0]
@@ -617,7 +620,7 @@ def check(cfg: TrainConfig) -> None:
             f"config field 'env.kwargs' sets '{key}', which the run passes to the env itself; "
             f"set {_RUN_OWNED_KWARGS[key]}={cfg.env.kwargs[key]!r} instead"
         )
-    bad = non_finite(cfg.env.kwargs or {}, "env.kwargs")
+    bad = None if saved else non_finite(cfg.env.kwargs or {}, "env.kwargs")
     if bad is not None:
         raise ConfigError(
             f"config field '{bad[0]}' is {bad[1]}; env parameters must be finite numbers, as "
@@ -641,7 +644,7 @@ def check(cfg: TrainConfig) -> None:
             "reaches or leaves; set it above 0 (e.g. 0.01) or algo.epsilon_schedule=linear"
         )
     if isinstance(cfg.algo, ValueConfig):
-        if cfg.algo.name != "qmix":  # the mixer's sizes would change nothing
+        if cfg.algo.name != "qmix" and not saved:  # the mixer's sizes would change nothing
             default = ValueConfig()
             for key in ("mixing_embed_dim", "hypernet_layers", "hypernet_embed"):
                 if getattr(cfg.algo, key) != getattr(default, key):
@@ -825,7 +828,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def _preset_path(name: str) -> Path:
     path = PRESET_DIR / f"{name}.yaml"
     if not path.is_file():
-        close = difflib.get_close_matches(name, list_presets(), n=1, cutoff=0.4)
+        close = difflib.get_close_matches(name, list_presets(), n=1, cutoff=0.5)
         hint = f"; did you mean '{close[0]}'?" if close else " (`mappo list` shows the presets)"
         raise ConfigError(f"no preset or config file named '{name}'{hint}")
     return path
@@ -859,33 +862,58 @@ def load(
     """A config from a preset name or YAML path (or the defaults), then ``KEY=VALUE`` overrides.
 
     Overrides that name another env (``env.name=...``) make the preset a template of settings:
-    the run is no longer the preset's (``preset`` is cleared), and an env of another family
-    (:func:`env_family`) gets only the keyword arguments the overrides give it, not the
-    preset's."""
+    the run is no longer the preset's (``preset`` is cleared). A layer (a YAML file over its
+    ``base``, or the overrides) that names an env of another family (:func:`env_family`) gives
+    it only the keyword arguments that layer names, not those before it (:func:`_apply_layer`)."""
     cfg = TrainConfig()
+    named = False  # whether a layer has named the env (the default's name holds no kwargs)
     if source:
         for where, data in _load_layers(source):
             try:
-                apply(cfg, data)
+                named = _apply_layer(cfg, data, named)
             except ConfigError as err:
                 raise ConfigError(f"{err} (in {where})") from None
         if not source.endswith((".yaml", ".yml")) and not Path(source).is_file():
             cfg.preset = source
     env_name = cfg.env.name
     values = (parse_overrides(overrides) if isinstance(overrides, list) else overrides) or {}
-    apply(cfg, values)
+    _apply_layer(cfg, values, named)
     if cfg.env.name != env_name:  # a preset used as a template for another env is not that task
         cfg.preset = ""
-        # The preset's env.kwargs are arguments of its own kind of env (the particle world's
-        # time_feature), which another kind would refuse or misread: an env of another family
-        # gets the keyword arguments the overrides name, and no others. (Another map of the
-        # same family, smac/3s5z -> smac/MMM, takes the same parameters and keeps them.)
-        given = _flatten(values)
-        if "env.kwargs" not in given and env_family(cfg.env.name) != env_family(env_name):
-            cfg.env.kwargs = {
-                k: v for k, v in cfg.env.kwargs.items() if _KWARGS_PREFIX + k in given
-            }
     return cfg
+
+
+# Schemes whose envs run through the worker adapters, which take the adapter's options.
+_ADAPTER_SCHEMES = ("pettingzoo:", "gymnasium:")
+
+
+def _apply_layer(cfg: TrainConfig, values: dict[str, Any], named: bool) -> bool:
+    """:func:`apply` ``values`` to ``cfg``; where they name an env of another family than an
+    earlier layer named (``named``), the earlier ``env.kwargs`` are arguments of the other kind
+    of env (the particle world's time_feature), which the new one would refuse or misread, so
+    only those ``values`` name stay (and the adapters' options, such as num_workers, between
+    envs that both run through them). Another env of the same family (smac/3s5z -> smac/MMM)
+    keeps them: its parameters are the same kind, and one it does not take is its error to
+    report. Returns whether an env has been named now."""
+    before = cfg.env.name
+    apply(cfg, values)
+    given = set()
+    for key in _flatten(values):
+        try:
+            given.add(key if key.startswith(_KWARGS_PREFIX) else resolve_key(key, cfg))
+        except ConfigError:  # (apply accepted every key; nothing else to resolve)
+            given.add(key)
+    if not named or env_family(cfg.env.name) == env_family(before) or "env.kwargs" in given:
+        return named or "env.name" in given  # ("env.kwargs" given: all are this layer's)
+    options: frozenset[str] = frozenset()
+    if before.startswith(_ADAPTER_SCHEMES) and cfg.env.name.startswith(_ADAPTER_SCHEMES):
+        from mappo.envs.adapters.adapter import ADAPTER_OPTIONS
+
+        options = ADAPTER_OPTIONS - {"env_kwargs", "name", "groups"}
+    cfg.env.kwargs = {
+        k: v for k, v in cfg.env.kwargs.items() if _KWARGS_PREFIX + k in given or k in options
+    }
+    return True
 
 
 def env_family(name: str) -> str:
@@ -914,8 +942,9 @@ def parse_overrides(items: list[str], example: str = "algo.epochs=5") -> dict[st
 
 
 def from_dict(data: dict[str, Any]) -> TrainConfig:
-    """A config from a nested dict (e.g. a run's ``config.yaml``), checked like any other."""
-    return apply(TrainConfig(), data)
+    """A config from a nested dict (a run's ``config.yaml`` or checkpoint), checked as a saved
+    one (:func:`check`)."""
+    return apply(TrainConfig(), data, saved=True)
 
 
 def save(cfg: TrainConfig, path: Path) -> None:

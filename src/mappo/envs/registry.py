@@ -211,8 +211,8 @@ def _parameter_problem(name: str, factory: EnvFactory, kwargs: dict[str, Any]) -
     except (TypeError, ValueError):  # nothing to inspect: the env's own checks answer
         return None
     bound = {**dict(zip(params, factory.args, strict=False)), **factory.keywords}
-    for key in kwargs:
-        if key in bound:
+    for key, value in kwargs.items():
+        if key in bound and value != bound[key]:  # (the same value changes nothing)
             return (
                 f"{name}: '{key}' is set by the env's name ({key}={bound[key]!r}); name the env "
                 f"that has the {key} you want instead (`mappo list` shows them)"
@@ -221,7 +221,7 @@ def _parameter_problem(name: str, factory: EnvFactory, kwargs: dict[str, Any]) -
         return None  # the env passes its keywords on (a VMAS scenario's): it checks them
     valid = [k for k in params if k not in bound and k not in _CALL_ARGUMENTS]
     for key in kwargs:
-        if key not in valid and key not in _CALL_ARGUMENTS:
+        if key not in valid and key not in _CALL_ARGUMENTS and key not in bound:
             close = difflib.get_close_matches(key, valid, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             return f"{name}: unknown parameter '{key}'{hint} (valid parameters: {', '.join(valid)})"

@@ -277,6 +277,8 @@ def check_metric(runs: list[RunRecord], metric: str) -> None:
 
 def not_evaluated(metric: str) -> ResultsError:
     """The error for runs of which none has a value of ``metric`` yet."""
+    if not metric.startswith("eval/"):
+        return ResultsError(f"no run has a value of '{metric}' yet; try again once they log it")
     return ResultsError(
         f"no run has evaluated yet (no value of '{metric}'; a run evaluates every eval_interval "
         "iterations and at its end); report or plot again after its first evaluation"
