@@ -723,7 +723,11 @@ def test_interrupt_checkpoints_and_prints_the_resume_command(tmp_path, sig, code
     finally:
         proc.kill()
     assert proc.returncode == code, err
-    (line,) = err.strip().splitlines()
+    note, line = err.strip().splitlines()  # the signal acknowledged, then the command
+    assert (
+        note
+        == "mappo: stopping after this iteration, with a checkpoint (a second signal stops at once)"
+    )
     (run,) = list(tmp_path.glob("runs/mpe/simple_spread/rmappo/*"))
     assert (
         f"continue with: mappo train --resume {Path('runs') / run.relative_to(tmp_path / 'runs')}"

@@ -113,6 +113,7 @@ def test_bench_train_json(capsys):
     report = json.loads(out)
     assert report["steps_per_second"] > 0 and report["matmul_flop_rate"] > 0
     assert report["update_flops_per_iteration"] > 0
+    assert report["preset"] == "mpe/simple_spread" and report["config"] == "rmappo"
 
 
 def test_bench_env_json_rows(capsys):

@@ -832,6 +832,9 @@ def test_the_bench_does_not_split_off_an_env_step_compiled_with_the_policy(num_s
             assert report["env_seconds_per_iteration"] is None
             assert report["acting_seconds_per_iteration"] is None
             assert "env step compiled with the policy" in text
+        # FLOPs are counted for one seed; for stacked seeds they are absent, not zero
+        assert (report["update_flops_per_iteration"] is None) == (num_seeds > 1)
+        assert (report["update_flop_rate"] is None) == (num_seeds > 1)
 
 
 def test_the_env_step_is_fused_on_the_cpu_and_for_feed_forward_networks_on_cuda():

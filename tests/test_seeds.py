@@ -297,7 +297,11 @@ def test_a_signal_stops_every_seed_with_a_checkpoint_and_one_command_resumes_the
     finally:
         proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, err
-    (line,) = err.strip().splitlines()
+    note, line = err.strip().splitlines()  # the signal acknowledged, then the command
+    assert (
+        note
+        == "mappo: stopping after this iteration, with a checkpoint (a second signal stops at once)"
+    )
     runs = sorted(tmp_path.glob("runs/mpe/simple_spread_jaxmarl_ff/ippo/*"))
     assert len(runs) == 2
     command = line.split("continue with: ")[1]

@@ -788,6 +788,15 @@ def _import_option(run_dir: Path) -> str:
     return f" --import {module}" if module else ""
 
 
+def _memory_fix(args: argparse.Namespace) -> str:
+    """What to lower when ``args``' command ran out of memory."""
+    if args.command == "bench" and getattr(args, "num_envs", None) is not None:
+        return "lower --num-envs"
+    if args.command == "eval":
+        return "lower --episodes"
+    return "lower env.num_envs or eval_episodes"
+
+
 def _stdout_closed() -> bool:
     """Whether standard output is a pipe whose reader has gone (poll's POLLERR on it)."""
     try:
@@ -868,16 +877,13 @@ def main(argv: list[str] | None = None) -> int:
         print("mappo: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
     except MemoryError:
-        _error("out of memory; lower env.num_envs, eval_episodes or --episodes")
+        _error(f"out of memory; {_memory_fix(args)}")
         return EXIT_USAGE
     except RuntimeError as err:
         # Allocation failures of torch (CPU or GPU) surface as RuntimeErrors.
         if "alloc" not in str(err) and "out of memory" not in str(err):
             raise
-        _error(
-            f"out of memory ({str(err).strip().splitlines()[0][:160]}); lower env.num_envs, "
-            "eval_episodes or --episodes"
-        )
+        _error(f"out of memory ({str(err).strip().splitlines()[0][:160]}); {_memory_fix(args)}")
         return EXIT_USAGE
 
 

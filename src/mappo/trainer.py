@@ -146,22 +146,6 @@ class Trainer:
                 "products here, many times slower than float32; set model.precision=fp32",
                 stacklevel=2,
             )
-        per_iteration = cfg.env.num_envs * cfg.rollout_length
-        if cfg.family == "ppo" and cfg.total_env_steps < per_iteration and checkpoint is None:
-            warnings.warn(
-                f"total_env_steps={cfg.total_env_steps:,} is less than one iteration "
-                f"(env.num_envs x rollout_length = {per_iteration:,} env steps), which the run "
-                "trains in full; lower env.num_envs for a shorter run",
-                stacklevel=2,
-            )
-        if imported_module(cfg.env.name) == "__main__" and checkpoint is None:
-            warnings.warn(
-                f"env.name={cfg.env.name} is a class of the running script, which no other "
-                "process can import: this run opens only from a script that defines it (move "
-                "the class into a module, python:<module>:<class>, to evaluate or resume it "
-                "with the mappo command)",
-                stacklevel=2,
-            )
         if env is None:
             _check_memory(cfg, device)
             env = make_env(
@@ -567,6 +551,7 @@ def train(
     if run_dir is not None:
         _check_unused(Path(run_dir))
     trainer = Trainer(cfg)
+    _warn_new_run(cfg)  # (once the env is made: a config refused there has no use for it)
     try:
         path = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
         path.mkdir(parents=True, exist_ok=True)
@@ -576,6 +561,27 @@ def train(
     trainer.run_dir = path
     return _run([trainer], lambda: [trainer.learner.iterate(trainer.iteration, trainer.env_steps)],
                 [None])[0]  # fmt: skip
+
+
+def _warn_new_run(cfg: TrainConfig) -> None:
+    """Warnings for a fresh run (not a resume) whose settings will surprise: a budget below one
+    iteration, an env class that no other process can import."""
+    per_iteration = cfg.env.num_envs * cfg.rollout_length
+    if cfg.family == "ppo" and cfg.total_env_steps < per_iteration:
+        warnings.warn(
+            f"total_env_steps={cfg.total_env_steps:,} is less than one iteration "
+            f"(env.num_envs x rollout_length = {per_iteration:,} env steps), which the run "
+            "trains in full; lower env.num_envs for a shorter run",
+            stacklevel=3,
+        )
+    if imported_module(cfg.env.name) == "__main__":
+        warnings.warn(
+            f"env.name={cfg.env.name} is a class of the running script, which no other "
+            "process can import: this run opens only from a script that defines it (move "
+            "the class into a module, python:<module>:<class>, to evaluate or resume it "
+            "with the mappo command)",
+            stacklevel=3,
+        )
 
 
 def _check_unused(path: Path) -> None:
@@ -631,6 +637,7 @@ def train_seeds(
             f"seeds {cfg.seed} .. {cfg.seed + n - 1} exceed 2**32 - 1; lower seed or num_seeds"
         )
     cfgs = [dataclasses.replace(cfg, seed=cfg.seed + k, num_seeds=1) for k in range(n)]
+    _warn_new_run(cfg)
     return _run_stacked(cfgs, checkpoints=None)
 
 
@@ -644,6 +651,7 @@ def train_stacked(cfgs: list[TrainConfig], run_dirs: list[str | Path]) -> list[R
     if len({p.resolve() for p in paths}) < len(paths):
         raise config_mod.ConfigError("a run directory is given twice; give each seed its own")
     _check_stackable(cfgs, [str(p) for p in paths])
+    _warn_new_run(cfgs[0])
     for p in paths:
         _check_unused(p)
     for p in paths:
@@ -812,6 +820,7 @@ def _resumable(
         cfg = config_mod.apply(
             cfg,
             config_mod.parse_overrides(overrides) if isinstance(overrides, list) else overrides,
+            saved=True,  # (what the newer checks cover cannot change on resume)
         )
     _check_resumable(saved, cfg)
     done = int(ckpt["progress"]["env_steps"])
@@ -943,6 +952,15 @@ def _stop_on_signals(trainers: list[Trainer]) -> Iterator[None]:
             trainer.stop_signal = signum
         if again:
             raise KeyboardInterrupt
+        # An iteration (or a cold compile inside it) may run for a minute: say that the signal
+        # arrived, so that a second one is a choice. (os.write: no buffered stream is touched
+        # inside a handler, which may run in the middle of another write.)
+        with contextlib.suppress(OSError):
+            os.write(
+                2,
+                b"\nmappo: stopping after this iteration, with a checkpoint (a second "
+                b"signal stops at once)\n",
+            )
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -116,7 +116,7 @@ def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> d
     if cfg.num_seeds > 1:
         stacked = _stacked_bench(cfg, iterations, warmup)
         compiled, env_seconds, rollout, upd, steps = stacked
-        flops = 0.0
+        flops = None  # (not counted for stacked seeds)
     else:
         trainer = Trainer(cfg)
         compiled = 0.0
@@ -135,13 +135,15 @@ def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> d
         # inside the policy's graph and cannot be timed apart from it.
         fused = getattr(getattr(trainer.learner, "collector", None), "fused_fn", None)
         env_seconds = None if fused is not None else env_time[0]
-        flops = update_flops(trainer) if cfg.family == "ppo" else 0.0
+        flops = update_flops(trainer) if cfg.family == "ppo" else None
         trainer.close()
     mm = matmul_rate(device=cfg.device)
-    achieved = flops * iterations / upd if upd > 0 else 0.0
+    # None where the update's FLOPs were not counted (stacked seeds, the value family)
+    achieved = None if flops is None else (flops * iterations / upd if upd > 0 else 0.0)
     total = rollout + upd
     return {
-        "config": cfg.algo_name,
+        "preset": cfg.preset or None,
+        "config": cfg.algo_name,  # (the algorithm's label, as the run folders name it)
         "env": cfg.env.name,
         "device": cfg.device,
         "num_envs": cfg.env.num_envs,
@@ -168,7 +170,7 @@ def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> d
         "update_flops_per_iteration": flops,
         "update_flop_rate": achieved,
         "matmul_flop_rate": mm,
-        "update_share_of_matmul_rate": achieved / mm if mm > 0 else 0.0,
+        "update_share_of_matmul_rate": None if achieved is None or mm <= 0 else achieved / mm,
         "compile": cfg.compile,
         "compile_seconds": compiled,
         "torch_threads": torch.get_num_threads(),
@@ -189,7 +191,7 @@ def format_report(r: dict[str, Any]) -> str:
     if seeds > 1:
         shape += f", {seeds} seeds stacked"
     lines = [
-        f"{r['env']} {r['config']} ({shape}, {r['device']})",
+        f"{r.get('preset') or r['env']} {r['config']} ({shape}, {r['device']})",
         f"  env steps/s        {r['steps_per_second']:12,.0f}"
         + (" (all seeds together)" if seeds > 1 else ""),
     ]
