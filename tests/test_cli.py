@@ -116,6 +116,24 @@ def test_bench_train_json(capsys):
     assert report["preset"] == "mpe/simple_spread" and report["config"] == "rmappo"
 
 
+def test_an_interrupted_bench_env_prints_the_rows_it_measured(capsys, monkeypatch):
+    import mappo.bench.env as bench_env
+
+    calls = []
+
+    def measured_once(name, n, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        calls.append(n)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return 1000.0
+
+    monkeypatch.setattr(bench_env, "bench_batched", measured_once)
+    argv = ["bench", "env", "--num-envs", "1", "8", "--no-pettingzoo", "--json"]
+    code, out, err = _run(capsys, *argv)
+    assert code == 130 and "printed the 1 row measured before it" in err
+    assert [row["num_envs"] for row in json.loads(out)] == [1]
+
+
 def test_bench_env_json_rows(capsys):
     code, out, _ = _run(
         capsys, "bench", "env", "--num-envs", "1", "8", "--seconds", "0.05", "--json"

@@ -435,16 +435,27 @@ def cmd_bench_env(args: argparse.Namespace) -> int:
     from mappo.bench.env import format_table, run_env_bench
 
     config_mod.check_device(args.device)
-    rows = run_env_bench(
-        env_names=tuple(args.envs),
-        num_envs=tuple(args.num_envs),
-        seconds=args.seconds,
-        device=args.device,
-        include_pettingzoo=not args.no_pettingzoo,
-        num_threads=args.threads,
-        compiled=args.compile,
-        hanabi_backends=tuple(args.hanabi_backend),
-    )
+    rows: list[dict[str, Any]] = []
+    try:
+        run_env_bench(
+            env_names=tuple(args.envs),
+            num_envs=tuple(args.num_envs),
+            seconds=args.seconds,
+            device=args.device,
+            include_pettingzoo=not args.no_pettingzoo,
+            num_threads=args.threads,
+            compiled=args.compile,
+            hanabi_backends=tuple(args.hanabi_backend),
+            rows=rows,
+        )
+    except KeyboardInterrupt:
+        if not rows:
+            raise
+        # The rows measured before Ctrl-C are kept: a long bench stopped early still reports.
+        print(json.dumps(rows) if args.json else format_table(rows))
+        rows_text = f"{len(rows)} row{'s' if len(rows) != 1 else ''}"
+        print(f"mappo: interrupted; printed the {rows_text} measured before it", file=sys.stderr)
+        return 128 + signal.SIGINT
     print(json.dumps(rows) if args.json else format_table(rows))
     return 0
 

@@ -290,6 +290,7 @@ def run_env_bench(
     num_threads: int | None = 1,
     compiled: bool = False,
     hanabi_backends: Sequence[str] = ("auto",),
+    rows: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Measure every env of ``env_names`` at every batch size of ``num_envs`` for about
     ``seconds`` each; with ``include_pettingzoo`` add the reference rows: ``{"env": "mpe2",
@@ -307,13 +308,14 @@ def run_env_bench(
 
     ``hanabi_backends``: each Hanabi env is timed on each of these backends
     (:class:`~mappo.envs.hanabi.game.HanabiGames`); with more than one, its rows are named
-    ``"<name> (<backend>)"``.
+    ``"<name> (<backend>)"``. ``rows``: a list to append the rows to as they are measured (what
+    an interrupted caller still has), returned.
     """
     previous = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)
+    rows = [] if rows is None else rows
     try:
-        rows = []
         for name in env_names:
             variants: list[tuple[str, dict[str, Any]]] = [(name, {})]
             if name.startswith("hanabi/"):
