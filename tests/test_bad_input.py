@@ -472,9 +472,9 @@ CASES = [
     Case("bench-env-device", lambda c: ["bench", "env", "--device", "cuda:x"], "device must be"),
     Case("bench-unknown-command", lambda c: ["bench", "frobnicate"], "invalid choice"),
     Case(
-        "bench-env-zero-threads",
-        lambda c: ["bench", "env", "--threads", "0"],
-        "must be a positive integer",
+        "bench-env-negative-threads",
+        lambda c: ["bench", "env", "--threads", "-1"],
+        "must be an integer >= 0",
     ),
     Case(
         "bench-zero-iterations",

@@ -146,6 +146,11 @@ def test_bench_env_json_rows(capsys):
         ("mpe2", 1),
     ]
     assert all(r["steps_per_second"] > 0 for r in rows)
+    import torch
+
+    before = torch.get_num_threads()  # --threads 0: torch's own count, as threads=0 in training
+    argv = ["bench", "env", "--num-envs", "8", "--seconds", "0.05", "--no-pettingzoo"]
+    assert _run(capsys, *argv, "--threads", "0")[0] == 0 and torch.get_num_threads() == before
 
 
 def test_bench_env_threads(capsys, monkeypatch):

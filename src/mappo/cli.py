@@ -443,7 +443,7 @@ def cmd_bench_env(args: argparse.Namespace) -> int:
             seconds=args.seconds,
             device=args.device,
             include_pettingzoo=not args.no_pettingzoo,
-            num_threads=args.threads,
+            num_threads=args.threads or None,  # (None: torch's setting stays)
             compiled=args.compile,
             hanabi_backends=tuple(args.hanabi_backend),
             rows=rows,
@@ -736,10 +736,11 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--no-pettingzoo", action="store_true", help="skip the mpe2 reference row")
     be.add_argument(
         "--threads",
-        type=_positive_int,
+        type=_nonnegative_int,
         default=1,
         help="torch threads for our rows (1, the default, is fastest for the particle worlds on "
-        "2 cores; Hanabi at thousands of games gains from more)",
+        "2 cores; Hanabi at thousands of games gains from more; 0: torch's own count, every "
+        "core, as threads=0 leaves it to the machine in training)",
     )
     be.add_argument(
         "--compile",
