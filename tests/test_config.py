@@ -91,11 +91,14 @@ def test_another_env_gets_only_the_kwargs_of_the_overrides(tmp_path) -> None:
     assert C.load("lbf/8x8-2p-2f-coop_qmix", swap).env.kwargs == {"num_workers": 0}
     # A saved run's config is opened as it was written (checks added since do not lock it out).
     assert C.from_dict({"algo": {"name": "vdn", "mixing_embed_dim": 64}}).algo.name == "vdn"
-    assert [C.env_family(n) for n in ("smac/3m", "gymnasium:lbforaging:F-v3", "python:m:C")] == [
+    names = ("smac/3m", "gymnasium:lbforaging:F-v3", "python:m:C", "vmas/balance")
+    assert [C.env_family(n) for n in names] == [
         "smac",
         "gymnasium:lbforaging",
         "python:m",
+        "vmas/balance",  # each scenario its own parameters
     ]
+    assert C.load("vmas/balance", ["env.name=vmas/navigation"]).env.kwargs == {}
 
 
 def test_unknown_key_names_nearest_valid_key() -> None:

@@ -919,10 +919,12 @@ def _apply_layer(cfg: TrainConfig, values: dict[str, Any], named: bool) -> bool:
 def env_family(name: str) -> str:
     """The kind of env a name makes, whose envs take the same parameters: the part before the
     first ``/`` of a registered name (``smac`` of ``smac/3m``), the scheme and module of an
-    import path (``gymnasium:lbforaging`` of ``gymnasium:lbforaging:Foraging-8x8-2p-2f-v3``)."""
+    import path (``gymnasium:lbforaging`` of ``gymnasium:lbforaging:Foraging-8x8-2p-2f-v3``).
+    A VMAS scenario is a family of its own: each takes its own parameters, and passes on
+    unknown ones without a word."""
     if ":" in name:
         return ":".join(name.split(":")[:2])
-    return name.split("/", 1)[0]
+    return name if name.startswith("vmas/") else name.split("/", 1)[0]
 
 
 def parse_overrides(items: list[str], example: str = "algo.epochs=5") -> dict[str, Any]:
