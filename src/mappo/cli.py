@@ -279,7 +279,9 @@ def _eval_saved(args: argparse.Namespace) -> int:
 
     if args.gif:
         _check_gif_path(args.gif)  # before the evaluation, which may take long
-    given = _eval_env_kwargs(args.kwargs)
+    # the words after the run are env parameters for this evaluation (render_mode=rgb_array)
+    fixes = {"seed": "use --seed N", "num_envs": "use --episodes N", "device": "use --device"}
+    given = _env_parameters(args.kwargs, "eval", "render_mode=rgb_array", fixes)
     policy = load_policy(args.path, device=args.device)
     cfg = policy.config
     cfg.env.kwargs = {**cfg.env.kwargs, **given}
@@ -319,22 +321,24 @@ def _eval_saved(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_env_kwargs(words: list[str]) -> dict[str, Any]:
-    """The env parameters given to ``eval`` (``render_mode=rgb_array`` or
-    ``env.kwargs.render_mode=rgb_array``), which replace the run's own for this evaluation."""
-    kwargs = config_mod.parse_overrides(words, "render_mode=rgb_array") if words else {}
-    fixes = {"seed": "use --seed N", "num_envs": "use --episodes N", "device": "use --device"}
+def _env_parameters(
+    words: list[str], command: str, example: str, fixes: dict[str, str]
+) -> dict[str, Any]:
+    """The env parameters that ``command`` (eval, render) takes as ``KEY=VALUE`` words
+    (``env.kwargs.KEY=VALUE`` too); ``fixes``: the env arguments the command sets itself, with
+    the option that sets them. Values must be finite."""
+    kwargs = config_mod.parse_overrides(words, example) if words else {}
     out: dict[str, Any] = {}
     for key, value in kwargs.items():
         name = key.removeprefix("env.kwargs.")
         if name in fixes:
             raise config_mod.ConfigError(
-                f"'{key}=' is not an env parameter here: eval sets it itself ({fixes[name]})"
+                f"'{key}=' is not an env parameter here: {command} sets it itself ({fixes[name]})"
             )
         if not name.isidentifier():
             raise config_mod.ConfigError(
-                f"eval takes the env's parameters only (render_mode=rgb_array or "
-                f"env.kwargs.NAME=VALUE), got '{key}='; training settings stay the run's"
+                f"{command} takes the env's parameters only ({example} or env.kwargs.NAME=VALUE), "
+                f"got '{key}='"
             )
         out[name] = value
     bad = config_mod.non_finite(out, "")
@@ -385,16 +389,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     from mappo.envs.rendering import record_episode, save_gif
 
     # the words after the env's name are its parameters, e.g. num_agents=4
-    kwargs = config_mod.parse_overrides(args.kwargs, "num_agents=4") if args.kwargs else {}
     fixes = {
         "seed": "use --seed N",
         "num_envs": "it draws one env",
         "device": "it draws on the CPU",
     }
-    for key in sorted(set(kwargs) & set(fixes)):
-        raise config_mod.ConfigError(
-            f"'{key}=' is not an env parameter here: render sets it itself ({fixes[key]})"
-        )
+    kwargs = _env_parameters(args.kwargs, "render", "num_agents=4", fixes)
     given = Path(args.env)
     if given.is_file() or (given / "config.yaml").is_file():  # a run or a checkpoint
         raise config_mod.ConfigError(
