@@ -812,6 +812,26 @@ def test_a_second_signal_in_the_first_iteration_leaves_no_folder(monkeypatch, ca
     assert list((tmp_path / "runs").iterdir()) == []
 
 
+def test_a_callers_empty_folder_stays_when_the_run_stops_before_training(monkeypatch, tmp_path):
+    """A folder the caller made for the run (``run_dir=``) is theirs: a run stopped in its
+    first iteration takes back only what it wrote there, not the folder; a folder the run
+    made itself is removed."""
+    import mappo
+    from mappo.learners.ppo import PPOLearner
+
+    def failing(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("the env broke")
+
+    monkeypatch.setattr(PPOLearner, "iterate", failing)
+    mine, made = tmp_path / "mine", tmp_path / "made" / "here"
+    mine.mkdir()
+    for folder in (mine, made):
+        with pytest.raises(RuntimeError, match="the env broke"):
+            mappo.train("mpe/simple_spread", TINY + ["progress=false"], run_dir=folder)
+    assert mine.is_dir() and list(mine.iterdir()) == []
+    assert not made.exists()
+
+
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):
     """The directory is claimed by creating it (no look-then-create race between two runs)."""
     from mappo import config as config_mod

@@ -193,6 +193,9 @@ class Trainer:
         if checkpoint is not None:
             self._restore(checkpoint)
         self.run_dir = run_dir
+        self.caller_folder = False
+        """Whether ``run_dir`` is a folder that existed before this run (a caller's): never
+        removed when the run stops before training (:func:`_remove_unstarted`)."""
 
     @property
     def policy(self) -> Any:
@@ -554,6 +557,7 @@ def train(
     _warn_new_run(cfg)  # (once the env is made: a config refused there has no use for it)
     try:
         path = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
+        trainer.caller_folder = run_dir is not None and path.is_dir()
         path.mkdir(parents=True, exist_ok=True)
     except BaseException:
         trainer.close()
@@ -654,10 +658,14 @@ def train_stacked(cfgs: list[TrainConfig], run_dirs: list[str | Path]) -> list[R
     _warn_new_run(cfgs[0])
     for p in paths:
         _check_unused(p)
+    existed = [p.is_dir() for p in paths]
     for p in paths:
         p.mkdir(parents=True, exist_ok=True)
     return _run_stacked(
-        [dataclasses.replace(c, num_seeds=1) for c in cfgs], checkpoints=None, run_dirs=paths
+        [dataclasses.replace(c, num_seeds=1) for c in cfgs],
+        checkpoints=None,
+        run_dirs=paths,
+        caller_folders=existed,
     )
 
 
@@ -686,10 +694,12 @@ def _run_stacked(
     cfgs: list[TrainConfig],
     checkpoints: list[tuple[Path, Path, dict[str, Any]]] | None,
     run_dirs: list[Path] | None = None,
+    caller_folders: list[bool] | None = None,
 ) -> list[Run]:
     """Build the stacked learner of ``cfgs`` (restored from ``checkpoints``, ``(run dir, newest
     checkpoint, its contents)`` per seed, when resuming) and train it to the end; a fresh
-    start writes into ``run_dirs`` (default: a new directory per seed)."""
+    start writes into ``run_dirs`` (default: a new directory per seed), of which those marked
+    in ``caller_folders`` existed before (:attr:`Trainer.caller_folder`)."""
     from mappo.learners.seeds import SeedSlot, StackedPPOLearner, make_seed_envs, release
 
     cfg = cfgs[0]
@@ -715,6 +725,7 @@ def _run_stacked(
         if checkpoints is None:
             for k, t in enumerate(trainers):
                 t.run_dir = run_dirs[k] if run_dirs is not None else new_run_dir(t.cfg)
+                t.caller_folder = caller_folders is not None and caller_folders[k]
         else:
             for t, (path, newest, ckpt) in zip(trainers, checkpoints, strict=True):
                 t.restore_progress(ckpt)
@@ -985,7 +996,8 @@ def _remove_unstarted(trainer: Trainer, logger: MetricsLogger) -> None:
     """Remove what a fresh run wrote before it failed, where that is nothing but its setup (no
     checkpoint, no metrics row, no Weights & Biases run): config.yaml, this process's
     TensorBoard file, the lock, then the folder and its parents below ``run_dir`` that are left
-    empty. Anything else in the folder (a run_dir given by the caller that held files) stays."""
+    empty. Anything else in the folder (a run_dir given by the caller that held files) stays,
+    and so does a caller's folder that existed before the run, empty or not."""
     path = trainer.run_dir
     if path is None or trainer.last_checkpoint is not None or logger.rows or logger.wandb:
         return
@@ -999,6 +1011,8 @@ def _remove_unstarted(trainer: Trainer, logger: MetricsLogger) -> None:
             board.rmdir()
         here, root = path.resolve(), Path(trainer.cfg.run_dir).resolve()
         chain = [here, *(p for p in here.parents if root in p.parents)]  # (below root only)
+        if trainer.caller_folder:
+            chain = []
         for folder in chain:
             if any(folder.iterdir()):
                 break
