@@ -250,6 +250,23 @@ def test_console_script_is_installed():
     assert out.returncode == 0 and "train" in out.stdout
 
 
+def test_version_names_mappo_torch_and_python(capsys):
+    import platform
+
+    import torch
+
+    import mappo
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--version"])
+    out = capsys.readouterr().out.strip()
+    assert stopped.value.code == 0
+    assert out == (
+        f"mappo {mappo.__version__} (torch {torch.__version__}, "
+        f"Python {platform.python_version()})"
+    )
+
+
 def test_output_to_a_closed_pipe_stops_quietly():
     # `mappo list | head -1`: the reader goes before the output is written ("mappo: error:
     # Broken pipe" and exit 2 before).

@@ -598,8 +598,23 @@ def _import_modules(args: argparse.Namespace) -> None:
         trust_module(module)  # a saved run may name it (python:<module>:<class>)
 
 
+def _version() -> str:
+    """``mappo X (torch Y, Python Z)``: what a bug report needs (torch's from its package data)."""
+    import platform
+    from importlib import metadata
+
+    from mappo import __version__
+
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "not installed"
+    return f"mappo {__version__} (torch {torch_version}, Python {platform.python_version()})"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="mappo", description="Multi-agent PPO: train, evaluate, render, benchmark.")
+    p.add_argument("--version", action="version", version=_version())
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     t = sub.add_parser("train", help="train a preset or YAML config, or resume a run")
