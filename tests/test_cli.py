@@ -262,8 +262,7 @@ def test_version_names_mappo_torch_and_python(capsys):
     out = capsys.readouterr().out.strip()
     assert stopped.value.code == 0
     assert out == (
-        f"mappo {mappo.__version__} (torch {torch.__version__}, "
-        f"Python {platform.python_version()})"
+        f"mappo {mappo.__version__} (torch {torch.__version__}, Python {platform.python_version()})"
     )
 
 
