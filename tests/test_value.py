@@ -620,10 +620,14 @@ def test_cli_eval_with_gif_and_bench(tmp_path, capsys):
     assert main(["eval", str(run.dir), "--episodes", "4", "--gif", str(gif), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["algo"] == "vdn" and gif.stat().st_size > 0
-    assert main(["bench", "train", "smac/3m_qmix", "--iterations", "2", "--json"]) == 0
+    argv = ["bench", "train", "smac/3m_qmix", "algo.batch_size=24", "--iterations", "2"]
+    assert main([*argv, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["config"] == "qmix" and report["steps_per_second"] > 0
     assert 0 < report["env_share"] < 1
+    # The warm-up goes on until the buffer holds a batch (8 episodes an iteration), so that
+    # the timed iterations learn rather than only play.
+    assert report["warmup_iterations"] == 3
 
 
 def test_resume_refuses_keys_the_checkpoint_depends_on(tmp_path, capsys):

@@ -777,7 +777,14 @@ def build_parser() -> argparse.ArgumentParser:
     bt.add_argument("config", nargs="?", default="mpe/simple_spread")
     bt.add_argument("overrides", nargs="*")
     bt.add_argument("--iterations", type=_positive_int, default=5)
-    bt.add_argument("--warmup", type=_nonnegative_int, default=1, metavar="N")
+    bt.add_argument(
+        "--warmup",
+        type=_nonnegative_int,
+        default=1,
+        metavar="N",
+        help="iterations before the timed ones (default 1); QMIX, VDN and IQL also warm up "
+        "until their replay buffer holds a batch, so that every timed iteration learns",
+    )
     bt.add_argument("--json", action="store_true")
     _add_import(bt)
     bt.set_defaults(func=cmd_bench_train)

@@ -108,10 +108,19 @@ def _stacked_bench(
     return compiled, None if fused else env_time[0], rollout, upd, steps
 
 
+def _learns(trainer: Trainer) -> bool:
+    """Whether the trainer's next iteration takes gradient steps: a value-family learner only
+    once its replay buffer holds a batch of episodes."""
+    buffer = getattr(trainer.learner, "buffer", None)
+    return buffer is None or buffer.size >= trainer.cfg.algo.batch_size
+
+
 def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> dict[str, Any]:
     """Train ``warmup + iterations`` iterations of ``cfg`` (no run directory) and time the last
     ``iterations``. Returns env steps/s, the environment / acting / update split and, for mappo,
-    the update's FLOP rate."""
+    the update's FLOP rate. The value family warms up for as long as its replay buffer holds
+    less than a batch besides (it takes no gradient step before), so that every timed iteration
+    learns; ``warmup_iterations`` in the result counts them all."""
     cfg.progress = False
     if cfg.num_seeds > 1:
         stacked = _stacked_bench(cfg, iterations, warmup)
@@ -120,8 +129,11 @@ def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> d
     else:
         trainer = Trainer(cfg)
         compiled = 0.0
-        for _ in range(warmup):
+        warmed = 0
+        while warmed < warmup or not _learns(trainer):
             compiled = trainer.iterate().get("compile_seconds", 0.0)
+            warmed += 1
+        warmup = warmed
         env_time = _timed_steps(trainer.env)
         rollout = upd = 0.0
         steps_before = trainer.env_steps
@@ -156,6 +168,7 @@ def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> d
         "hidden_sizes": list(cfg.model.hidden_sizes),
         "precision": cfg.model.precision,
         "iterations": iterations,
+        "warmup_iterations": warmup,
         "env_steps": steps,
         "steps_per_second": steps / total,
         "rollout_seconds_per_iteration": rollout / iterations,
