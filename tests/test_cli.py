@@ -250,6 +250,14 @@ def test_console_script_is_installed():
     assert out.returncode == 0 and "train" in out.stdout
 
 
+def test_train_given_a_run_directory_says_how_to_resume_it(trained, capsys):
+    # (it suggested the nearest preset, which starts a new run from nothing)
+    code, _, err = _run(capsys, "train", str(trained), "total_env_steps=600")
+    assert code == 2 and err.count("\n") == 1
+    assert f"'{trained}' is a run directory" in err
+    assert f"mappo train --resume {trained}" in err
+
+
 def test_version_names_mappo_torch_and_python(capsys):
     import platform
 

@@ -129,6 +129,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                 "give a preset name or a YAML file, e.g. `mappo train mpe/simple_spread` "
                 "(`mappo list` shows the presets), or --resume RUN_DIR"
             )
+        folder = Path(args.config)
+        if (folder / "config.yaml").is_file() or (folder / "checkpoints").is_dir():
+            raise config_mod.ConfigError(
+                f"'{folder}' is a run directory; continue it with `mappo train --resume "
+                f"{folder}` (a preset name or a YAML file starts a new run)"
+            )
         cfg = config_mod.load(args.config, args.overrides)
         runs = train_seeds(cfg) if cfg.num_seeds > 1 else [train(cfg)]
     for run in runs:
