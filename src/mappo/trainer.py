@@ -180,6 +180,9 @@ class Trainer:
         self.iteration = 0
         self.env_steps = 0
         self.wall_offset = 0.0
+        self.timing_offset: dict[str, float] = {}
+        """The rollout's and the update's seconds up to the checkpoint resumed from: the
+        ``time/`` columns are totals over the whole run, as ``wall_seconds`` is."""
         self.eval_count = 0
         self.last_eval: dict[str, float] = {}
         self.last_train: dict[str, float] = {}
@@ -230,6 +233,7 @@ class Trainer:
                 "iteration": self.iteration,
                 "env_steps": self.env_steps,
                 "wall_seconds": wall_seconds,
+                "timings": dict(getattr(self, "_timings", self.timing_offset)),
                 "eval_count": self.eval_count,
                 "last_eval": self.last_eval,
             },
@@ -246,6 +250,8 @@ class Trainer:
         self.iteration = int(progress["iteration"])
         self.env_steps = int(progress["env_steps"])
         self.wall_offset = float(progress["wall_seconds"])
+        # (absent from checkpoints written before the totals were kept: they restart at 0)
+        self.timing_offset = {k: float(v) for k, v in progress.get("timings", {}).items()}
         self.eval_count = int(progress["eval_count"])
         self.last_eval = dict(progress["last_eval"])
 
@@ -360,7 +366,9 @@ class Trainer:
         them, for one run or the seeds of a stacked run, is :func:`_run`)."""
         self._start = time.perf_counter() - self.wall_offset
         self._steps_at_start, self._time_at_start = self.env_steps, time.perf_counter()
-        self._timings = {"rollout_seconds": 0.0, "update_seconds": 0.0}
+        self._timings = {
+            k: self.timing_offset.get(k, 0.0) for k in ("rollout_seconds", "update_seconds")
+        }
 
     def after_iteration(
         self,
