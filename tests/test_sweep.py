@@ -456,9 +456,9 @@ def stacked_calls(monkeypatch) -> list[tuple[list[int], bool]]:
     calls: list[tuple[list[int], bool]] = []
     real = T._run_stacked
 
-    def counting(cfgs, checkpoints, run_dirs=None):
+    def counting(cfgs, checkpoints, **kwargs):
         calls.append(([c.seed for c in cfgs], checkpoints is not None))
-        return real(cfgs, checkpoints, run_dirs)
+        return real(cfgs, checkpoints, **kwargs)
 
     monkeypatch.setattr(T, "_run_stacked", counting)
     return calls

@@ -169,11 +169,32 @@ def _usable_mask(
     return mask
 
 
+def _warn_of_a_foreign_checkpoint(run_dir: Path, path: Path, ckpt: dict[str, Any]) -> None:
+    """Warn where the run's newest checkpoint and its ``config.yaml`` disagree on what the
+    networks depend on (a checkpoint copied in from another run): the policy is the
+    checkpoint's."""
+    import warnings
+
+    from mappo.trainer import config_file_difference
+
+    differs = config_file_difference(run_dir, ckpt.get("config") or {})
+    if differs is not None and differs[0]:
+        key, written, held = differs[1][0]
+        warnings.warn(
+            f"'{path}' and '{run_dir / 'config.yaml'}' disagree ({key}: {written!r} there, "
+            f"{held!r} in the checkpoint): the checkpoint may be of another run; this is its "
+            "policy",
+            stacklevel=3,
+        )
+
+
 def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Policy:
     """Load the policy of a run directory (its newest checkpoint) or of a checkpoint file."""
     path = Path(path)
     if path.is_dir():
-        path, ckpt = load_latest(path)
+        run_dir = path
+        path, ckpt = load_latest(run_dir)
+        _warn_of_a_foreign_checkpoint(run_dir, path, ckpt)
     else:
         ckpt = load_checkpoint(path)
     try:

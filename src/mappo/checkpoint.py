@@ -44,10 +44,26 @@ def atomic_save(obj: Any, path: Path) -> None:
         os.replace(tmp, path)
     except BaseException as err:
         tmp.unlink(missing_ok=True)
-        # torch.save wraps a failed write in a RuntimeError; give the OS's reason and the file.
+        # torch.save wraps a failed write in a RuntimeError (its zip writer's own message, the
+        # OS's error left in the chain); give the OS's reason and the file.
+        cause = _os_cause(err) if isinstance(err, (OSError, RuntimeError)) else None
+        if cause is not None:
+            raise OSError(cause.errno, cause.strerror, str(path)) from err
         if isinstance(err, RuntimeError) and "write" in str(err).lower():
             raise OSError(errno.EIO, f"could not write a checkpoint ({err})", str(path)) from err
         raise
+
+
+def _os_cause(err: BaseException) -> OSError | None:
+    """The first ``OSError`` with an errno among the causes and contexts of ``err``."""
+    seen: set[int] = set()
+    link: BaseException | None = err
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, OSError) and link.errno is not None:
+            return link
+        link = link.__cause__ or link.__context__
+    return None
 
 
 def save_rotating(state: dict[str, Any], run_dir: Path, iteration: int, keep: int) -> Path:

@@ -807,8 +807,13 @@ def _os_error(err: OSError) -> str:
     reason = err.strerror or str(err)
     where = f": '{err.filename}'" if err.filename else ""
     extra = ""
-    if err.errno == errno.ENOSPC:
-        extra = "; the checkpoints written before are intact: free space and resume"
+    if err.errno == errno.ENOSPC and err.filename and "checkpoints" in Path(err.filename).parts:
+        extra = (
+            "; a checkpoint is written whole or not at all, so those written before are "
+            "intact: free space and resume"
+        )
+    elif err.errno == errno.ENOSPC:
+        extra = "; free space and run the command again"
     elif err.errno in (errno.EPERM, errno.EACCES, errno.EROFS):
         extra = "; choose a writable place"
     elif err.errno == errno.ENOENT:  # a file to read, or the folder of one to write

@@ -833,6 +833,16 @@ def _resumable(
 ) -> tuple[Path, dict[str, Any], TrainConfig]:
     """A run's newest checkpoint, its contents and the config to continue with (checked)."""
     newest, ckpt = load_latest(path)
+    differs = config_file_difference(path, ckpt["config"])
+    if differs is not None and differs[0]:
+        key, written, held = differs[1][0]
+        raise config_mod.ConfigError(
+            f"'{newest}' is not a checkpoint of the run that '{path / 'config.yaml'}' "
+            f"describes ({key}: {written!r} there, {held!r} in the checkpoint): a checkpoint "
+            "copied from another run, or config.yaml edited by hand. Move that checkpoint out "
+            "of checkpoints/ (or restore config.yaml) and resume again; changes to a run go "
+            "on the command line, `mappo train --resume RUN_DIR KEY=VALUE`"
+        )
     saved = config_mod.from_dict(ckpt["config"])
     cfg = config_mod.from_dict(ckpt["config"])
     if overrides:
@@ -842,6 +852,18 @@ def _resumable(
             saved=True,  # (what the newer checks cover cannot change on resume)
         )
     _check_resumable(saved, cfg)
+    if differs is not None:
+        given = config_mod._flatten(config_mod.to_dict(cfg))
+        # (what the command line sets now, config.yaml will say again)
+        left = [(k, w, h) for k, w, h in differs[1] if w != given.get(k)]
+        if left:
+            named = ", ".join(f"{k}: {w!r} there, {h!r} in the checkpoint" for k, w, h in left)
+            warnings.warn(
+                f"'{path / 'config.yaml'}' differs from the newest checkpoint ({named}); a "
+                "resume continues with the checkpoint's config and the KEY=VALUE overrides "
+                "of its command line, and rewrites config.yaml",
+                stacklevel=3,
+            )
     done = int(ckpt["progress"]["env_steps"])
     if done >= cfg.total_env_steps:
         raise config_mod.ConfigError(
@@ -887,6 +909,46 @@ _WORK_SPLIT_KWARGS = (
 )
 
 
+def _fixed_on_resume(key: str) -> bool:
+    return key.startswith(_FIXED_ON_RESUME) or key in _FIXED_ALGO_KEYS
+
+
+def _without_work_split(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flat config without the adapters' worker options in its ``env.kwargs``."""
+    kwargs = flat.get("env.kwargs") or {}
+    if not isinstance(kwargs, dict):
+        return flat
+    return {**flat, "env.kwargs": {k: v for k, v in kwargs.items() if k not in _WORK_SPLIT_KWARGS}}
+
+
+def config_file_difference(
+    run_dir: Path, saved: dict[str, Any]
+) -> tuple[bool, list[tuple[str, Any, Any]]] | None:
+    """How a run's ``config.yaml`` differs from the config ``saved`` in its newest checkpoint:
+    ``(fixed, [(key, in config.yaml, in the checkpoint), ...])``, where ``fixed`` says that the
+    keys listed are ones fixed on resume (the checkpoint is then of another run, or the file
+    was edited by hand) and otherwise lists every key that differs; ``None`` where they agree,
+    or where the file is missing or no config (the checkpoint's config is the run's then: a
+    resume rewrites the file). Keys that only one of them has are not compared. Neither file
+    is changed."""
+    import yaml
+
+    try:
+        written = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+        held = yaml.safe_load(yaml.safe_dump(saved, sort_keys=False))  # (as the file holds it)
+        a = _without_work_split(config_mod._flatten(written))
+        b = _without_work_split(config_mod._flatten(held))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError, ValueError):
+        return None  # (ConfigError is a ValueError; a file that is no mapping has no .items)
+    # Keys in one of them only are a difference of versions (a field added since), not of runs.
+    keys = [k for k in b if k in a and k not in ("run_dir", "name")]
+    differ = [(k, a[k], b[k]) for k in keys if a[k] != b[k]]
+    fixed = [d for d in differ if _fixed_on_resume(d[0])]
+    if fixed:
+        return True, fixed
+    return (False, differ) if differ else None
+
+
 def _check_resumable(saved: TrainConfig, cfg: TrainConfig) -> None:
     """Refuse overrides that the checkpoint's state cannot follow (shapes, the env, the seed)."""
     old = config_mod._flatten(config_mod.to_dict(saved))
@@ -898,12 +960,9 @@ def _check_resumable(saved: TrainConfig, cfg: TrainConfig) -> None:
                 f"({old.get(key)!r} -> {new.get(key)!r}): a resumed run continues in its own "
                 "folder (move or copy the folder to have it elsewhere)"
             )
-    for flat in (old, new):
-        kwargs = flat.get("env.kwargs") or {}
-        flat["env.kwargs"] = {k: v for k, v in kwargs.items() if k not in _WORK_SPLIT_KWARGS}
+    old, new = _without_work_split(old), _without_work_split(new)
     for key in new:
-        fixed = key.startswith(_FIXED_ON_RESUME) or key in _FIXED_ALGO_KEYS
-        if fixed and old.get(key) != new[key]:
+        if _fixed_on_resume(key) and old.get(key) != new[key]:
             raise config_mod.ConfigError(
                 f"config field '{key}' cannot change when resuming ({old.get(key)!r} -> "
                 f"{new[key]!r}); the keys fixed on resume are seed, env.*, model.*, algo.name "
