@@ -165,17 +165,26 @@ def test_python_names_that_cannot_be_built_are_one_line(user_folder, name, messa
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-def test_a_saved_run_never_calls_what_its_config_names(tmp_path, capsys) -> None:
+def test_a_saved_run_never_calls_what_its_config_names(tmp_path, capsys, monkeypatch) -> None:
     """A shared checkpoint whose config was edited to name a library function (here one that
-    would fetch and run code) is refused before anything is imported or called, for both
-    schemes that call what a name points to."""
+    would fetch and run code), or a module whose import runs code (one beside it, in a folder
+    on the path), is refused before anything is imported or called, for every scheme that
+    imports what a name points to."""
     root = tmp_path / "runs"
     assert main(["train", "mpe/simple_spread", *TINY[:-1], f"run_dir={root}"]) == 0
     run = _one_run(root)
     checkpoint = sorted((run / "checkpoints").glob("iter_*.pt"))[-1]
     data = torch.load(checkpoint, weights_only=True)
     marker = tmp_path / "ran"
-    for name in ("pettingzoo:torch.hub:load", "python:os:system"):
+    module = f"brought_along_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{module}.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in (
+        "pettingzoo:torch.hub:load",
+        "python:os:system",
+        f"pettingzoo:{module}",
+        f"gymnasium:{module}:Brought-v0",
+    ):
         data["config"]["env"]["name"] = name
         data["config"]["env"]["kwargs"] = {"command": f"touch {marker}", "repo_or_dir": "x/y"}
         shared = tmp_path / "shared.pt"
@@ -184,7 +193,7 @@ def test_a_saved_run_never_calls_what_its_config_names(tmp_path, capsys) -> None
         assert main(["eval", str(shared), "--episodes", "2"]) == 2
         err = capsys.readouterr().err
         assert f"names its env by import path ({name}); opening a saved run imports" in err
-        assert not marker.exists()
+        assert not marker.exists() and module not in sys.modules
 
 
 def test_a_class_of_the_running_script_is_named_as_such(

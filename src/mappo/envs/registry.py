@@ -52,11 +52,12 @@ def trust_module(module: str) -> None:
 @contextlib.contextmanager
 def from_saved(source: str) -> Iterator[None]:
     """Within this block envs are made from the config saved in ``source`` (a run directory or
-    checkpoint that may come from anyone): a name that imports a module and calls what it names
-    with the config's keyword arguments (``python:<module>:<class>``,
-    ``pettingzoo:<module>:<callable>``) is refused unless the user trusted that module
+    checkpoint that may come from anyone): a name that imports a module by name
+    (``python:<module>:<class>``, ``pettingzoo:<module>[:<callable>]``,
+    ``gymnasium:<package>:<id>``) is refused unless the user trusted that module
     (:func:`trust_module`, the CLI's ``--import``), so that opening a file never runs code it
-    names. Built-in names and PettingZoo modules' own ``parallel_env`` are not affected."""
+    names: importing a module runs its top-level code, whatever is called next. Built-in names
+    and the env packages in :data:`KNOWN_ENV_PACKAGES` are not affected."""
     token = _SAVED_SOURCE.set(source)
     try:
         yield
@@ -64,12 +65,22 @@ def from_saved(source: str) -> Iterator[None]:
         _SAVED_SOURCE.reset(token)
 
 
+KNOWN_ENV_PACKAGES = ("pettingzoo", "mpe2", "gymnasium", "lbforaging", "rware")
+"""Installed env packages whose modules a saved run may name without ``--import`` (the
+presets' own: ``pettingzoo:mpe2.simple_spread_v3``, ``gymnasium:lbforaging:...``). Their code
+is what ``pip`` installed, not something a shared file brings along."""
+
+
 def imported_module(name: str) -> str | None:
-    """The module whose callable a scheme name calls with the config's arguments, if any."""
+    """The module that an env name has imported by name, if any: ``python:<module>:<class>``,
+    ``pettingzoo:<module>[:<callable>]`` and ``gymnasium:<package>:<id>`` (Gymnasium imports
+    the package to register the id), outside :data:`KNOWN_ENV_PACKAGES`."""
     scheme, _, target = name.partition(":")
-    module, sep, attr = target.partition(":")
-    if scheme == "python" or (scheme == "pettingzoo" and sep and attr):
+    module, sep, _ = target.partition(":")
+    if scheme == "python":
         return module
+    if scheme == "pettingzoo" or (scheme == "gymnasium" and sep):
+        return None if module.split(".")[0] in KNOWN_ENV_PACKAGES else module
     return None
 
 
