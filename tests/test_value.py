@@ -507,8 +507,9 @@ def test_each_method_trains_evaluates_and_loads(tmp_path, algo, targets):
 
 
 def test_soft_targets_and_standardised_rewards_run(tmp_path):
+    hard = "algo.target_update_interval"  # (refused beside target_tau, which replaces it)
     over = {
-        **TINY,
+        **{k: v for k, v in TINY.items() if k != hard},
         "algo.name": "qmix",
         "algo.target_tau": 0.01,
         "algo.standardise_rewards": True,
@@ -647,6 +648,33 @@ def test_value_config_cross_checks():
     cfg = C.TrainConfig(algo=C.AlgoConfig(name="qmix"))
     with pytest.raises(C.ConfigError, match="ValueConfig"):
         C.check(cfg)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algo.n_step=5"], "'algo.n_step' is read with algo.targets=n_step only"),
+        (["algo.td_lambda=0.3"], "'algo.td_lambda' is read with algo.targets=td_lambda only"),
+        (
+            ["algo.target_tau=0.01", "algo.target_update_interval=50"],
+            "'algo.target_update_interval' times hard target copies, which algo.target_tau",
+        ),
+        (["algo.optimizer=adam", "algo.optim_alpha=0.5"], "'algo.optim_alpha' is RMSprop's"),
+        (["rollout_length=50"], "'rollout_length' is read by algo.name=mappo only"),
+        (["model.policy_gain=0.5"], "'model.policy_gain' is read by algo.name=mappo only"),
+        (["algo.name=coma", "model.log_std_init=-1"], "coma acts in discrete action spaces"),
+    ],
+)
+def test_options_the_value_family_never_reads_are_refused(overrides, message):
+    """An option the run would never read trains as if it were absent, while its folder and
+    the reports list it as a difference between runs: the command line's are refused."""
+    with pytest.raises(C.ConfigError, match=message.replace("(", "\\(")):
+        C.load("smac/3m_qmix", overrides)
+    # What they are read with passes, and so do a MAPPO preset's own values under QMIX (the
+    # Hanabi preset sets rollout_length and policy_gain).
+    C.load("smac/3m_qmix", ["algo.targets=n_step", "algo.n_step=5", "algo.optim_alpha=0.9"])
+    C.load("smac/3m_qmix", ["algo.target_tau=0.01"])
+    C.load("hanabi/full-2p", ["algo.name=vdn"])
 
 
 def test_a_short_3m_qmix_run_learns_to_win(tmp_path):

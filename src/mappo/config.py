@@ -880,7 +880,65 @@ def load(
     _apply_layer(cfg, values, named)
     if cfg.env.name != env_name:  # a preset used as a template for another env is not that task
         cfg.preset = ""
+    _refuse_unread(cfg, _given_keys(values, cfg))
     return cfg
+
+
+def _given_keys(values: dict[str, Any], cfg: TrainConfig) -> set[str]:
+    """The dotted keys that ``values`` (a layer, applied to ``cfg``) set."""
+    given = set()
+    for key in _flatten(values):
+        try:
+            given.add(key if key.startswith(_KWARGS_PREFIX) else resolve_key(key, cfg))
+        except ConfigError:  # (apply accepted every key; nothing else to resolve)
+            given.add(key)
+    return given
+
+
+# Keys that only MAPPO reads: the value family and COMA play whole episodes per iteration and
+# act in discrete action spaces with networks of their own (nn.q_agents, nn.coma).
+_MAPPO_ONLY = {
+    "rollout_length": "plays whole episodes, env.num_envs of them an iteration",
+    "model.policy_gain": "initialises its networks' heads as PyMARL does",
+    "model.action_bounds": "acts in discrete action spaces only",
+    "model.log_std_init": "acts in discrete action spaces only",
+    "model.state_dependent_std": "acts in discrete action spaces only",
+}
+
+
+def _refuse_unread(cfg: TrainConfig, given: set[str]) -> None:
+    """Refuse a key the command line sets that the config then never reads (QMIX's n-step
+    length with one-step targets, RMSprop's alpha with Adam): the run would train as if it
+    were not there, while its folder and reports list it as a difference."""
+    algo = cfg.algo
+    if cfg.family != "ppo":
+        for key, why in _MAPPO_ONLY.items():
+            if key in given:
+                raise ConfigError(
+                    f"config field '{key}' is read by algo.name=mappo only: {algo.name} {why}; "
+                    "drop it"
+                )
+    unread: list[tuple[str, str]] = []
+    if isinstance(algo, ValueConfig):
+        for key in ("n_step", "td_lambda"):
+            if f"algo.{key}" in given and algo.targets != key:
+                unread.append(
+                    (key, f"is read with algo.targets={key} only, and algo.targets is "
+                     f"{algo.targets!r}; set algo.targets={key} or drop it")
+                )  # fmt: skip
+        if "algo.target_update_interval" in given and algo.target_tau is not None:
+            unread.append(
+                ("target_update_interval", f"times hard target copies, which "
+                 f"algo.target_tau={algo.target_tau} replaces by soft updates; drop one of them")
+            )  # fmt: skip
+    if "algo.optim_alpha" in given and getattr(algo, "optimizer", "adam") != "rmsprop":
+        unread.append(
+            ("optim_alpha", f"is RMSprop's smoothing constant, but algo.optimizer is "
+             f"{algo.optimizer!r}; set algo.optimizer=rmsprop or drop it")
+        )  # fmt: skip
+    if unread:
+        key, why = unread[0]
+        raise ConfigError(f"config field 'algo.{key}' {why}")
 
 
 # Schemes whose envs run through the worker adapters, which take the adapter's options.
@@ -897,12 +955,7 @@ def _apply_layer(cfg: TrainConfig, values: dict[str, Any], named: bool) -> bool:
     report. Returns whether an env has been named now."""
     before = cfg.env.name
     apply(cfg, values)
-    given = set()
-    for key in _flatten(values):
-        try:
-            given.add(key if key.startswith(_KWARGS_PREFIX) else resolve_key(key, cfg))
-        except ConfigError:  # (apply accepted every key; nothing else to resolve)
-            given.add(key)
+    given = _given_keys(values, cfg)
     if not named or env_family(cfg.env.name) == env_family(before) or "env.kwargs" in given:
         return named or "env.name" in given  # ("env.kwargs" given: all are this layer's)
     options: frozenset[str] = frozenset()

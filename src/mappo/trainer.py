@@ -168,6 +168,8 @@ class Trainer:
             env.close()
             raise
         self.device = self.env.device
+        if checkpoint is None:
+            _warn_continuous_options(cfg, self.env)
         if checkpoint is not None and "spec" in checkpoint:
             problem = spec_difference(checkpoint["spec"], self.env.spec)
             if problem is not None:
@@ -592,6 +594,28 @@ def _warn_new_run(cfg: TrainConfig) -> None:
             "process can import: this run opens only from a script that defines it (move "
             "the class into a module, python:<module>:<class>, to evaluate or resume it "
             "with the mappo command)",
+            stacklevel=3,
+        )
+
+
+_CONTINUOUS_OPTIONS = ("action_bounds", "log_std_init", "state_dependent_std")
+
+
+def _warn_continuous_options(cfg: TrainConfig, env: BatchedEnv) -> None:
+    """Warn where ``cfg`` sets the Gaussian policy's options for an env that has no group of
+    continuous actions (a continuous preset over a discrete env): they do nothing there."""
+    if any(g.action.continuous for g in env.spec.groups.values()):
+        return
+    default = config_mod.ModelConfig()
+    set_here = [
+        f"model.{k}={getattr(cfg.model, k)}"
+        for k in _CONTINUOUS_OPTIONS
+        if getattr(cfg.model, k) != getattr(default, k)
+    ]
+    if set_here:
+        warnings.warn(
+            f"{', '.join(set_here)}: options of continuous actions, but every group of "
+            f"'{cfg.env.name}' acts in discrete actions, so they change nothing",
             stacklevel=3,
         )
 
