@@ -9,6 +9,7 @@ afterwards. The count of cases is quoted in the README's reliability section.
 from __future__ import annotations
 
 import contextlib
+import csv
 import errno
 import hashlib
 import json
@@ -679,6 +680,21 @@ def test_resume_skips_a_truncated_newest_checkpoint(trained, tmp_path, capsys):
     assert not stale.exists()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["env_steps"] == 400
+
+
+def test_resume_leaves_out_a_metrics_row_cut_off_in_its_write(trained, tmp_path, capsys):
+    """A kill while a row is appended leaves it without its line end, its numbers cut short
+    (``12`` of ``1200``): the resume drops it and writes the row again, rather than keeping
+    a row at a step that never was."""
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    metrics = run / "metrics.csv"
+    metrics.write_text(metrics.read_text() + "12")
+    code, _, err = _cli(capsys, ["train", "--resume", str(run), "total_env_steps=400"])
+    assert code == 0, err
+    with metrics.open(newline="") as f:
+        steps = [int(r["env_steps"]) for r in csv.DictReader(f)]
+    assert steps == sorted(set(steps)) and steps[-1] == 400 and 12 not in steps
 
 
 def test_resume_records_its_overrides(trained, tmp_path, capsys):

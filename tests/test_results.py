@@ -334,3 +334,21 @@ def test_a_configuration_with_one_evaluation_is_drawn_as_a_point(tmp_path, capsy
     assert capsys.readouterr().out.startswith("Metric: `train/episode_return`\n")
     assert main(["report", str(tmp_path)]) == 0
     assert capsys.readouterr().out.startswith(f"Metric: `{RETURN}` (greedy evaluation)\n")
+
+
+def test_report_leaves_out_a_configuration_that_does_not_log_the_metric(tmp_path, capsys):
+    """As plot does: a MAPPO run beside a run that logs ``epsilon`` (QMIX's) gets no row of
+    zero seeds, but a warning; a damaged header names the file, not "not a run directory"."""
+    _fake_run(tmp_path, 1, [(1000, -200.0)])
+    other = _fake_run(tmp_path, 1, [(1000, -190.0)], preset="smac/3m_fast")
+    (other / "metrics.csv").write_text((other / "metrics.csv").read_text().replace(RETURN, "eps"))
+    assert main(["report", str(tmp_path), "--metric", "eps"]) == 0
+    out, err = capsys.readouterr()
+    assert "smac/3m_fast mappo | 1 |" in out and "simple_spread" not in out
+    assert "mappo: warning: 'mpe/simple_spread_fast rmappo' does not log 'eps'; left out" in err
+    text = (other / "metrics.csv").read_text()
+    (other / "metrics.csv").write_text(text.replace("env_steps", "env_stps", 1))
+    assert main(["report", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert f"'{other / 'metrics.csv'}' has no env_steps column (its first line: " in err
+    assert "restore its first line" in err

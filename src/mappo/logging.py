@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 import sys
 import time
@@ -87,15 +88,26 @@ class MetricsError(ValueError):
     """A run's ``metrics.csv`` that cannot be read back on resume; the message says the fix."""
 
 
+def complete_rows(path: Path) -> str:
+    """The text of ``path`` up to its last line end: a row without its line end is one being
+    written (a run still training, or killed in the write), and half a number would read as a
+    wrong one."""
+    with path.open(newline="", encoding="utf-8") as f:
+        text = f.read()
+    return text[: text.rfind("\n") + 1]
+
+
 def _read_rows(path: Path, up_to_step: int) -> tuple[list[str], list[dict[str, Any]]]:
-    """The columns and the rows up to ``up_to_step`` of a metrics file, or :class:`MetricsError`."""
+    """The columns and the rows up to ``up_to_step`` of a metrics file, or :class:`MetricsError`.
+    A last row cut off in its write (no line end: a kill while it was appended) is left out: it
+    is after the checkpoint's step (a row is logged before its iteration's checkpoint) and will
+    be written again, while its cut-off numbers would read as other ones."""
     try:
-        with path.open(newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            columns = list(reader.fieldnames or [])
-            if "env_steps" not in columns:
-                raise ValueError("no env_steps column")
-            rows = [r for r in reader if int(float(r["env_steps"])) <= up_to_step]
+        reader = csv.DictReader(io.StringIO(complete_rows(path), newline=""))
+        columns = list(reader.fieldnames or [])
+        if "env_steps" not in columns:
+            raise ValueError("no env_steps column")
+        rows = [r for r in reader if int(float(r["env_steps"])) <= up_to_step]
     except (ValueError, TypeError, OverflowError, UnicodeDecodeError, csv.Error) as err:
         raise MetricsError(
             f"'{path}' is not a readable metrics file ({err}); move it aside (it is left as it "

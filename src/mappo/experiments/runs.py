@@ -21,6 +21,7 @@ import numpy as np
 import yaml
 
 from mappo import config as config_mod
+from mappo.logging import complete_rows
 
 # Keys that do not change what a run learns: runs differing only in these are seeds of one
 # configuration. total_env_steps is here so that a seed stopped early or extended still counts.
@@ -129,26 +130,25 @@ def _float(text: str) -> float:
         return math.nan
 
 
-def _complete_rows(path: Path) -> str:
-    """The text of ``path`` up to its last line end: a row without its line end is one being
-    written (a run still training, or killed in the write), and half a number would read as a
-    wrong one."""
-    with path.open(newline="", encoding="utf-8") as f:
-        text = f.read()
-    return text[: text.rfind("\n") + 1]
-
-
 def read_run(path: Path) -> RunRecord:
     """One run directory: ``config.yaml`` (safe YAML), ``metrics.csv`` and ``summary.json``."""
     try:
         data = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8")) or {}
-        reader = csv.DictReader(io.StringIO(_complete_rows(path / "metrics.csv"), newline=""))
+        reader = csv.DictReader(io.StringIO(complete_rows(path / "metrics.csv"), newline=""))
         names = list(reader.fieldnames or [])
         rows = list(reader)
     except (OSError, UnicodeDecodeError, yaml.YAMLError, csv.Error) as err:
         raise ResultsError(f"cannot read run '{path}': {err}") from None
-    if not isinstance(data, dict) or "env_steps" not in names:
-        raise ResultsError(f"'{path}' is not a run directory of mappo (config.yaml, metrics.csv)")
+    if not isinstance(data, dict):
+        raise ResultsError(
+            f"'{path}' is not a run directory of mappo: its config.yaml holds no config"
+        )
+    if "env_steps" not in names:
+        header = ",".join(names[:4]) + (",..." if len(names) > 4 else "")
+        raise ResultsError(
+            f"'{path / 'metrics.csv'}' has no env_steps column (its first line: {header!r}): a "
+            "damaged header, or not a metrics file of mappo; restore its first line"
+        )
     flat = full_config(data)
     columns = {name: np.array([_float(r.get(name) or "") for r in rows]) for name in names}
     summary = None
@@ -167,7 +167,7 @@ def read_run(path: Path) -> RunRecord:
 def last_logged_step(path: Path) -> int | None:
     """The env step of the last row of ``path/metrics.csv`` (None without a readable row)."""
     try:
-        rows = list(csv.DictReader(io.StringIO(_complete_rows(path / "metrics.csv"), newline="")))
+        rows = list(csv.DictReader(io.StringIO(complete_rows(path / "metrics.csv"), newline="")))
         return int(float(rows[-1]["env_steps"]))
     except (OSError, UnicodeDecodeError, csv.Error, IndexError, KeyError, TypeError, ValueError):
         return None
