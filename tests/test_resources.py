@@ -123,3 +123,17 @@ def test_governor_leaves_a_core_to_a_busy_process():
         busy.kill()
         busy.wait()
         torch.set_num_threads(before)
+
+
+def test_a_value_familys_gradient_step_counts_its_batch():
+    """QMIX's batch of episodes (the sample and the networks' activations over it) is sized
+    by algo.batch_size: a batch far beyond the machine is refused before the run starts, not
+    once the buffer has filled hours later."""
+    cfg = C.load("smac/3m_qmix", ["algo.batch_size=100000", "algo.buffer_size=100000"])
+    with make(cfg.env.name, num_envs=1, **cfg.env.kwargs) as env:
+        spec, state = env.spec, env_state_bytes(env)
+    parts = estimate_bytes(cfg, spec, state)
+    assert parts["algo.batch_size"] > parts["algo.buffer_size"]  # activations on top
+    msg = memory_problem(cfg, spec, state, free=parts["algo.buffer_size"] * 2)
+    assert msg is not None and "algo.batch_size=100,000 takes" in msg
+    assert msg.endswith("lower algo.batch_size")

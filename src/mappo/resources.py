@@ -76,7 +76,8 @@ def estimate_bytes(
     cfg: Any, spec: EnvSpec, state_bytes: int, byte_observations: bool = False
 ) -> dict[str, int]:
     """Estimated bytes per part of a run of ``cfg``: ``{"env.num_envs": ..., "eval_episodes":
-    ..., "algo.buffer_size": ...}`` (the keys name the config field that sizes each part).
+    ..., "algo.buffer_size": ..., "algo.batch_size": ...}`` (the keys name the config field
+    that sizes each part; the last two for the value family).
     ``byte_observations``: the env's declaration (:class:`~mappo.envs.base.BatchedEnv`), with
     which MAPPO's rollout and the replay buffer keep observations and states in a byte each."""
     episode = (spec.episode_limit + 1) * buffer_step_bytes(spec)
@@ -94,7 +95,19 @@ def estimate_bytes(
     if buffer_size:
         stored = (spec.episode_limit + 1) * buffer_step_bytes(spec, byte_observations)
         parts["algo.buffer_size"] = buffer_size * stored
+        parts["algo.batch_size"] = cfg.algo.batch_size * _batch_episode_bytes(cfg, spec)
     return parts
+
+
+def _batch_episode_bytes(cfg: Any, spec: EnvSpec) -> int:
+    """Bytes of one episode of a value-family gradient step, a lower bound: the sampled steps
+    in float32, and for every agent step the agent network's hidden activations, which the
+    online pass keeps for its backward (and its gradients as many) beside the target pass's."""
+    hidden = list(cfg.model.hidden_sizes)
+    width = sum(hidden) + (4 * hidden[-1] if hidden and cfg.model.recurrent != "none" else 0)
+    agents = sum(g.num_agents for g in spec.groups.values())
+    per_step = buffer_step_bytes(spec) + 3 * agents * width * _FLOAT
+    return (spec.episode_limit + 1) * per_step
 
 
 def available_bytes(device: torch.device) -> int | None:
@@ -161,6 +174,7 @@ def memory_problem(
         "env.num_envs": cfg.env.num_envs,
         "eval_episodes": cfg.eval_episodes,
         "algo.buffer_size": getattr(cfg.algo, "buffer_size", 0),
+        "algo.batch_size": getattr(cfg.algo, "batch_size", 0),
     }[biggest]
     what, fix = f"{biggest}={value:,}", biggest
     if biggest == "env.num_envs" and cfg.family == "ppo":
