@@ -250,6 +250,12 @@ def test_continuous_spread_by_name_and_kwarg() -> None:
     assert by_name.spec.groups["agents"].action.low == (0.0,) * 5
     with pytest.raises(EnvError, match="always has continuous actions"):
         make("mpe/simple_spread_continuous", continuous_actions=False)
+    # An unknown parameter is named with the env the user gave, among the parameters it takes.
+    with pytest.raises(EnvError) as info:
+        make("mpe/simple_spread_continuous", n_agents=2)
+    message = str(info.value)
+    assert message.startswith("mpe/simple_spread_continuous: unknown parameter 'n_agents'")
+    assert "num_agents" in message and "continuous_actions" not in message
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,11 @@ register(
 )
 
 
+_spread_box = checked_factory(
+    SimpleSpread, "mpe/simple_spread_continuous", {"continuous_actions": True}
+)
+
+
 def _spread_continuous(**kwargs: Any) -> BatchedEnv:
     """``mpe/simple_spread`` with ``continuous_actions=True`` (and its other parameters)."""
     if kwargs.pop("continuous_actions", True) is not True:
@@ -37,7 +42,7 @@ def _spread_continuous(**kwargs: Any) -> BatchedEnv:
             "mpe/simple_spread_continuous always has continuous actions; make "
             "'mpe/simple_spread' for discrete ones"
         )
-    return _spread(continuous_actions=True, **kwargs)
+    return _spread_box(**kwargs)
 
 
 register(

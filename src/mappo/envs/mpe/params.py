@@ -40,13 +40,18 @@ def check_choice(env: str, name: str, value: Any, choices: Sequence[str]) -> str
     return value
 
 
-def checked_factory(env_cls: type[BatchedEnv]) -> Callable[..., BatchedEnv]:
+def checked_factory(
+    env_cls: type[BatchedEnv], name: str | None = None, fixed: dict[str, Any] | None = None
+) -> Callable[..., BatchedEnv]:
     """A registry factory for ``env_cls`` that rejects unknown keyword arguments with an
-    ``EnvError`` listing the valid ones (instead of a bare ``TypeError``)."""
+    ``EnvError`` listing the valid ones (instead of a bare ``TypeError``). ``name``: the
+    registered name the errors give (default: the class's); ``fixed``: arguments the name
+    sets, which are not among its parameters (the caller refuses other values of them)."""
+    fixed = dict(fixed or {})
     params = [
         p
         for p in inspect.signature(env_cls.__init__).parameters
-        if p not in ("self", "num_envs", "device", "seed")
+        if p not in ("self", "num_envs", "device", "seed") and p not in fixed
     ]
 
     def factory(**kwargs: Any) -> BatchedEnv:
@@ -55,9 +60,9 @@ def checked_factory(env_cls: type[BatchedEnv]) -> Callable[..., BatchedEnv]:
             close = difflib.get_close_matches(unknown[0], params, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             raise EnvError(
-                f"{env_cls.name}: unknown parameter '{unknown[0]}'{hint} "
+                f"{name or env_cls.name}: unknown parameter '{unknown[0]}'{hint} "
                 f"(valid parameters: {', '.join(params)})"
             )
-        return env_cls(**kwargs)
+        return env_cls(**kwargs, **fixed)
 
     return factory
