@@ -341,6 +341,11 @@ def test_spec_differences_in_words() -> None:
     assert spec_difference(saved, spec(state=9)) == (
         "the global state has shape (9,) now, (8,) when trained"
     )
+    # Another kind of actions is named as such (it read "heads () now, (5,) when trained").
+    box = GroupSpec(("a0", "a1"), (4,), ActionSpec.box((-1.0, -1.0), (1.0, 1.0)), False)
+    assert spec_difference(saved, EnvSpec({"agents": box}, (8,), 25)) == (
+        "group 'agents': continuous actions now, discrete actions when trained"
+    )
 
 
 def test_an_env_of_ones_own_that_raises_is_one_line(user_folder, tmp_path, capsys, monkeypatch):

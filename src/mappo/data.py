@@ -294,6 +294,9 @@ def spec_difference(saved: dict[str, Any], spec: EnvSpec) -> str | None:
                 f"group '{name}' has {len(g['agents'])} agents now, {len(then['agents'])} "
                 "when trained"
             )
+        kinds = [_action_kind(d) for d in (g, then)]
+        if kinds[0] != kinds[1]:  # (the fields below would compare a box's empty heads)
+            return f"group '{name}': {kinds[0]} now, {kinds[1]} when trained"
         for key, what in _SPEC_FIELDS:
             old, new = then.get(key), g.get(key)
             if key in ("low", "high"):  # bounds may change; their count is the action size
@@ -306,6 +309,12 @@ def spec_difference(saved: dict[str, Any], spec: EnvSpec) -> str | None:
             f"{tuple(saved['state_shape'])} when trained"
         )
     return None
+
+
+def _action_kind(group: dict[str, Any]) -> str:
+    """A saved group's kind of actions in words: ``discrete actions`` or ``continuous
+    actions``, as the networks' heads differ between them."""
+    return "discrete actions" if group.get("low") is None else "continuous actions"
 
 
 def _shown(value: Any) -> Any:
