@@ -292,3 +292,16 @@ def test_progress_line_past_the_total_shows_no_time_left():
     ProgressBar(total=300_000, stream=out).update(300_800, 790.0, -152.8, final=True)
     line = out.getvalue()
     assert "300,800/300,000 steps" in line and "ETA 00:00" in line
+
+
+def test_a_read_only_run_folder_on_resume_names_the_fix_for_a_resume():
+    # (a resume cannot "choose a writable place": it writes into the run's own folder)
+    import errno
+
+    from mappo.cli import _os_error
+
+    err = OSError(errno.EROFS, "Read-only file system", "runs/x/.lock")
+    assert _os_error(err).endswith("; choose a writable place")
+    line = _os_error(err, resuming=True)
+    assert line.startswith("Read-only file system: 'runs/x/.lock'; a resume writes into")
+    assert "copy the run to a writable place and resume the copy" in line

@@ -802,8 +802,9 @@ def _error(message: object) -> None:
     print("mappo: error: " + " ".join(str(message).split()), file=sys.stderr)
 
 
-def _os_error(err: OSError) -> str:
-    """One line for a failed read or write: what, where, and for a full disk, what is kept."""
+def _os_error(err: OSError, resuming: bool = False) -> str:
+    """One line for a failed read or write: what, where, and for a full disk, what is kept.
+    ``resuming``: the command resumes a run, which writes into its own folder."""
     reason = err.strerror or str(err)
     where = f": '{err.filename}'" if err.filename else ""
     extra = ""
@@ -814,6 +815,11 @@ def _os_error(err: OSError) -> str:
         )
     elif err.errno == errno.ENOSPC:
         extra = "; free space and run the command again"
+    elif err.errno in (errno.EPERM, errno.EACCES, errno.EROFS) and resuming:
+        extra = (
+            "; a resume writes into the run's folder: make it writable, or copy the run to a "
+            "writable place and resume the copy"
+        )
     elif err.errno in (errno.EPERM, errno.EACCES, errno.EROFS):
         extra = "; choose a writable place"
     elif err.errno == errno.ENOENT:  # a file to read, or the folder of one to write
@@ -890,7 +896,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     except OSError as err:
-        _error(_os_error(err))
+        _error(_os_error(err, resuming=bool(getattr(args, "resume", None))))
         return EXIT_USAGE
     except TrainingDiverged as err:
         _error(err)
