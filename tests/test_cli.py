@@ -255,7 +255,7 @@ def test_train_given_a_run_directory_says_how_to_resume_it(trained, capsys):
     code, _, err = _run(capsys, "train", str(trained), "total_env_steps=600")
     assert code == 2 and err.count("\n") == 1
     assert f"'{trained}' is a run directory" in err
-    assert f"mappo train --resume {trained}" in err
+    assert f"mappo train --resume {trained} total_env_steps=600`" in err
 
 
 def test_version_names_mappo_torch_and_python(capsys):
@@ -305,3 +305,17 @@ def test_a_read_only_run_folder_on_resume_names_the_fix_for_a_resume():
     line = _os_error(err, resuming=True)
     assert line.startswith("Read-only file system: 'runs/x/.lock'; a resume writes into")
     assert "copy the run to a writable place and resume the copy" in line
+
+
+def test_a_full_disk_at_the_first_checkpoint_does_not_promise_a_resume(tmp_path):
+    import errno
+
+    from mappo.cli import _os_error
+
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    first = OSError(errno.ENOSPC, "No space left on device", str(folder / "iter_00000001.pt"))
+    assert _os_error(first).endswith("no checkpoint yet: free space and start it again")
+    (folder / "iter_00000001.pt").write_bytes(b"")
+    later = OSError(errno.ENOSPC, "No space left on device", str(folder / "iter_00000002.pt"))
+    assert _os_error(later).endswith("those written before are intact: free space and resume")

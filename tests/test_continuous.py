@@ -395,9 +395,9 @@ def test_a_float64_box_gets_actions_inside_its_own_bounds() -> None:
         describe_agent("agent_0", spaces.Box(-1, 1, (3,)), spaces.Box(0, 5, (2,), dtype=np.int64))
 
 
-def test_continuous_options_on_a_discrete_env_warn() -> None:
+def test_continuous_options_on_a_discrete_env_warn(tmp_path) -> None:
     """The Gaussian policy's options change nothing for an env without continuous actions
-    (a continuous preset's settings over a discrete env): the run says so."""
-    cfg = C.load("mpe/simple_spread_fast", ["model.log_std_init=-3", "env.num_envs=2"])
+    (a continuous preset's settings over a discrete env): a new run says so."""
+    over = ["model.log_std_init=-3", "env.num_envs=2", "total_env_steps=1", "eval_episodes=1"]
     with pytest.warns(UserWarning, match="model.log_std_init=-3.0: options of continuous"):
-        Trainer(cfg).close()
+        train("mpe/simple_spread_fast", [*over, "threads=1", "progress=false"], run_dir=tmp_path)

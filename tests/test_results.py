@@ -352,3 +352,14 @@ def test_report_leaves_out_a_configuration_that_does_not_log_the_metric(tmp_path
     err = capsys.readouterr().err
     assert f"'{other / 'metrics.csv'}' has no env_steps column (its first line: " in err
     assert "restore its first line" in err
+
+
+def test_report_keeps_a_configuration_that_has_not_evaluated_yet(tmp_path, capsys):
+    """An evaluation's column appears with a run's first evaluation: with --metric eval/...
+    a configuration whose runs are early keeps its row, with the "no values yet" warning."""
+    _fake_run(tmp_path, 1, [(1000, -200.0)])
+    early = _fake_run(tmp_path, 1, [], preset="smac/3m_fast")
+    (early / "metrics.csv").write_text("env_steps,wall_seconds,train/episode_return\n50,1.0,-3\n")
+    assert main(["report", str(tmp_path), "--metric", RETURN]) == 0
+    out, err = capsys.readouterr()
+    assert "| smac/3m_fast mappo | 0 |" in out and "have no" in err and "does not log" not in err

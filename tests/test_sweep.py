@@ -598,3 +598,17 @@ def test_a_folder_holding_another_sweep_is_refused(tmp_path):
         S.run_sweep(spec, backend="serial")
     assert (tmp_path / "sw" / "sweep.json").read_text() == record  # untouched
     assert not list((tmp_path / "sw").glob("tiny"))  # nothing trained
+
+
+def test_a_sweeps_shared_overrides_may_go_unread_by_some_trials(tmp_path):
+    """Overrides shared by the presets of a sweep (QMIX's n-step length beside a grid of
+    target kinds) are read by some trials only: the sweep takes them, where a single command
+    would refuse the unread key."""
+    body = (
+        "presets: [smac/3m_qmix]\nseeds: [1]\noverrides: {algo.n_step: 5}\n"
+        "grid: {algo.targets: [one_step, n_step]}\n"
+    )
+    spec = S.load_spec(str(_write_spec(tmp_path, body)), tmp_path / "sw")
+    assert len(spec.trials) == 2
+    with pytest.raises(C.ConfigError, match="'algo.n_step' is read with algo.targets=n_step"):
+        C.load("smac/3m_qmix", ["algo.n_step=5"])

@@ -184,9 +184,14 @@ def test_a_saved_run_never_calls_what_its_config_names(tmp_path, capsys, monkeyp
         "python:os:system",
         f"pettingzoo:{module}",
         f"gymnasium:{module}:Brought-v0",
+        "pettingzoo:gymnasium:make",  # (a known package's function, which imports an id's module)
     ):
         data["config"]["env"]["name"] = name
-        data["config"]["env"]["kwargs"] = {"command": f"touch {marker}", "repo_or_dir": "x/y"}
+        data["config"]["env"]["kwargs"] = {
+            "command": f"touch {marker}",
+            "repo_or_dir": "x/y",
+            "id": f"{module}:Brought-v0",
+        }
         shared = tmp_path / "shared.pt"
         torch.save(data, shared)
         capsys.readouterr()

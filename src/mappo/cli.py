@@ -131,9 +131,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
         folder = Path(args.config)
         if (folder / "config.yaml").is_file() or (folder / "checkpoints").is_dir():
+            words = "".join(f" {w}" for w in args.overrides) + _import_option(folder)
             raise config_mod.ConfigError(
                 f"'{folder}' is a run directory; continue it with `mappo train --resume "
-                f"{folder}` (a preset name or a YAML file starts a new run)"
+                f"{folder}{words}` (a preset name or a YAML file starts a new run)"
             )
         cfg = config_mod.load(args.config, args.overrides)
         runs = train_seeds(cfg) if cfg.num_seeds > 1 else [train(cfg)]
@@ -583,8 +584,9 @@ def _add_import(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="MODULE",
         help="import this module first: for the environments it registers with "
-        "mappo.envs.register, or to let a saved run's python:<module>:<class> env name import "
-        "it (repeatable; the current directory is searched too)",
+        "mappo.envs.register, or to let a saved run whose env name imports it "
+        "(python:<module>:<class>, pettingzoo:<module>, gymnasium:<module>:<id>) import it "
+        "(repeatable; the current directory is searched too)",
     )
 
 
@@ -601,7 +603,7 @@ def _import_modules(args: argparse.Namespace) -> None:
                 "and pass --import <module>"
             )
         require_module(f"--import {module}", module)
-        trust_module(module)  # a saved run may name it (python:<module>:<class>)
+        trust_module(module)  # a saved run may name it (python:<module>:<class>, ...)
 
 
 def _version() -> str:
@@ -618,9 +620,23 @@ def _version() -> str:
     return f"mappo {__version__} (torch {torch_version}, Python {platform.python_version()})"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: reads the versions only when asked (argparse's own takes the text when the
+    parser is built, on every command)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **_: Any):
+        super().__init__(
+            option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the versions"
+        )
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(_version())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="mappo", description="Multi-agent PPO: train, evaluate, render, benchmark.")
-    p.add_argument("--version", action="version", version=_version())
+    p.add_argument("--version", action=_VersionAction)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     t = sub.add_parser("train", help="train a preset or YAML config, or resume a run")
@@ -808,10 +824,14 @@ def _os_error(err: OSError, resuming: bool = False) -> str:
     reason = err.strerror or str(err)
     where = f": '{err.filename}'" if err.filename else ""
     extra = ""
-    if err.errno == errno.ENOSPC and err.filename and "checkpoints" in Path(err.filename).parts:
+    written = Path(err.filename) if err.filename else None
+    if err.errno == errno.ENOSPC and written is not None and "checkpoints" in written.parts:
+        earlier = [p for p in written.parent.glob("iter_*.pt") if p != written]
         extra = (
             "; a checkpoint is written whole or not at all, so those written before are "
             "intact: free space and resume"
+            if earlier
+            else "; the run had written no checkpoint yet: free space and start it again"
         )
     elif err.errno == errno.ENOSPC:
         extra = "; free space and run the command again"

@@ -857,9 +857,13 @@ def _load_layers(source: str, seen: tuple[str, ...] = ()) -> list[tuple[str, dic
 
 
 def load(
-    source: str | None = None, overrides: list[str] | dict[str, Any] | None = None
+    source: str | None = None,
+    overrides: list[str] | dict[str, Any] | None = None,
+    refuse_unread: bool = True,
 ) -> TrainConfig:
     """A config from a preset name or YAML path (or the defaults), then ``KEY=VALUE`` overrides.
+    ``refuse_unread``: refuse overrides that the config never reads (:func:`_refuse_unread`);
+    a sweep, whose overrides are shared by presets of several algorithms, passes False.
 
     Overrides that name another env (``env.name=...``) make the preset a template of settings:
     the run is no longer the preset's (``preset`` is cleared). A layer (a YAML file over its
@@ -880,7 +884,8 @@ def load(
     _apply_layer(cfg, values, named)
     if cfg.env.name != env_name:  # a preset used as a template for another env is not that task
         cfg.preset = ""
-    _refuse_unread(cfg, _given_keys(values, cfg))
+    if refuse_unread:
+        _refuse_unread(cfg, _given_keys(values, cfg))
     return cfg
 
 

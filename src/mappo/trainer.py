@@ -168,8 +168,6 @@ class Trainer:
             env.close()
             raise
         self.device = self.env.device
-        if checkpoint is None:
-            _warn_continuous_options(cfg, self.env)
         if checkpoint is not None and "spec" in checkpoint:
             problem = spec_difference(checkpoint["spec"], self.env.spec)
             if problem is not None:
@@ -565,6 +563,7 @@ def train(
         _check_unused(Path(run_dir))
     trainer = Trainer(cfg)
     _warn_new_run(cfg)  # (once the env is made: a config refused there has no use for it)
+    _warn_continuous_options(cfg, trainer.env)
     try:
         path = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
         trainer.caller_folder = run_dir is not None and path.is_dir()
@@ -755,6 +754,7 @@ def _run_stacked(
             )
             trainers[k].error_prefix = f"seed {c.seed}: "
         if checkpoints is None:
+            _warn_continuous_options(cfg, trainers[0].env)
             for k, t in enumerate(trainers):
                 t.run_dir = run_dirs[k] if run_dirs is not None else new_run_dir(t.cfg)
                 t.caller_folder = caller_folders is not None and caller_folders[k]
@@ -934,6 +934,7 @@ _WORK_SPLIT_KWARGS = (
 
 
 def _fixed_on_resume(key: str) -> bool:
+    """Whether the config key ``key`` (dotted) is one a checkpoint's state depends on."""
     return key.startswith(_FIXED_ON_RESUME) or key in _FIXED_ALGO_KEYS
 
 

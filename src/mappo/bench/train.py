@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from mappo import config as config_mod
 from mappo.algos.mappo import make_samples, update
 from mappo.config import TrainConfig
 from mappo.trainer import Trainer
@@ -121,6 +122,7 @@ def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> d
     the update's FLOP rate. The value family warms up for as long as its replay buffer holds
     less than a batch besides (it takes no gradient step before), so that every timed iteration
     learns; ``warmup_iterations`` in the result counts them all."""
+    config_mod.check(cfg)  # (a config edited in code: a batch the buffer cannot hold never learns)
     cfg.progress = False
     if cfg.num_seeds > 1:
         stacked = _stacked_bench(cfg, iterations, warmup)

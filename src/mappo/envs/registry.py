@@ -73,11 +73,14 @@ is what ``pip`` installed, not something a shared file brings along."""
 
 def imported_module(name: str) -> str | None:
     """The module that an env name has imported by name, if any: ``python:<module>:<class>``,
-    ``pettingzoo:<module>[:<callable>]`` and ``gymnasium:<package>:<id>`` (Gymnasium imports
-    the package to register the id), outside :data:`KNOWN_ENV_PACKAGES`."""
+    ``pettingzoo:<module>:<callable>``, and outside :data:`KNOWN_ENV_PACKAGES`
+    ``pettingzoo:<module>`` and ``gymnasium:<package>:<id>`` (Gymnasium imports the package to
+    register the id). A named callable always counts, whatever its module: a package's own
+    functions can import and run other code with the config's arguments (``gymnasium:make``
+    imports the module an id names)."""
     scheme, _, target = name.partition(":")
     module, sep, _ = target.partition(":")
-    if scheme == "python":
+    if scheme == "python" or (scheme == "pettingzoo" and sep):
         return module
     if scheme == "pettingzoo" or (scheme == "gymnasium" and sep):
         return None if module.split(".")[0] in KNOWN_ENV_PACKAGES else module

@@ -124,8 +124,10 @@ def report_rows(
     rows = []
     for conf in configs:
         name = metric or default_metric(conf.runs)
-        if metric is not None and not any(name in r.columns for r in conf.runs):
-            # (another kind of run: a row of no seeds would say nothing)
+        logged = any(name in r.columns for r in conf.runs)
+        if metric is not None and not metric.startswith("eval/") and not logged:
+            # Another kind of run (a row of no seeds would say nothing). An evaluation's column
+            # appears with the first evaluation: runs without it may be early, and keep a row.
             warnings.warn(f"'{conf.label}' does not log '{name}'; left out", stacklevel=2)
             continue
         runs = with_values(conf, name)

@@ -231,7 +231,7 @@ def _expand(spec: SweepSpec, root: Path, path: Path) -> list[Trial]:
                 trial_id = f"{preset_dir}/{point_dir}/seed{seed}"
                 _check_folder(trial_id, trials, path)
                 try:
-                    cfg = config_mod.load(preset, overrides)
+                    cfg = config_mod.load(preset, overrides, refuse_unread=False)
                 except config_mod.ConfigError as err:
                     raise SweepError(f"trial {trial_id} of '{path}': {err}") from None
                 try:  # an env name's typo, before any trial trains
@@ -290,7 +290,9 @@ def check_unchanged(trial: Trial) -> None:
         saved = runs_mod.full_config(config_mod._read_yaml(saved_path))
     except config_mod.ConfigError:
         return  # unreadable: the trial's own resume reports it
-    wanted = config_mod._flatten(config_mod.to_dict(config_mod.load(trial.preset, trial.overrides)))
+    wanted = config_mod._flatten(
+        config_mod.to_dict(config_mod.load(trial.preset, trial.overrides, refuse_unread=False))
+    )
     for key in sorted(set(saved) | set(wanted)):
         if key in runs_mod.BOOKKEEPING_KEYS or saved.get(key) == wanted.get(key):
             continue

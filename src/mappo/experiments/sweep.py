@@ -151,7 +151,9 @@ def run_trial(trial: Trial) -> TrialResult:
         else:
             d.mkdir(parents=True, exist_ok=True)
             _clear_leftovers(d)
-            run = train(config_mod.load(trial.preset, dict(trial.overrides)), run_dir=d)
+            run = train(
+                config_mod.load(trial.preset, dict(trial.overrides), refuse_unread=False), run_dir=d
+            )
         result.env_steps = int(run.summary.get("env_steps", 0))
         (d / "error.txt").unlink(missing_ok=True)
     except RunInterrupted as err:
@@ -169,7 +171,9 @@ def _trust_spec_env(trial: Trial) -> None:
     that), so the module of a ``python:`` env name is the user's word, not only the folder's."""
     from mappo.envs.registry import imported_module, trust_module
 
-    module = imported_module(config_mod.load(trial.preset, dict(trial.overrides)).env.name)
+    module = imported_module(
+        config_mod.load(trial.preset, dict(trial.overrides), refuse_unread=False).env.name
+    )
     if module is not None:
         trust_module(module)
 
@@ -273,7 +277,9 @@ def _run_together(group: list[Trial], resuming: bool) -> list[TrialResult]:
             for d in dirs:
                 d.mkdir(parents=True, exist_ok=True)
                 _clear_leftovers(d)
-            cfgs = [config_mod.load(t.preset, dict(t.overrides)) for t in group]
+            cfgs = [
+                config_mod.load(t.preset, dict(t.overrides), refuse_unread=False) for t in group
+            ]
             runs = train_stacked(cfgs, dirs)
         steps = [int(r.summary.get("env_steps", 0)) for r in runs]
         for d in dirs:
