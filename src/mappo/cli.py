@@ -777,7 +777,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="torch threads for our rows (1, the default, is fastest for the particle worlds on "
         "2 cores; Hanabi at thousands of games gains from more; 0: torch's own count, every "
-        "core, as threads=0 leaves it to the machine in training)",
+        "core; training's threads=0 follows the cores other processes leave free instead)",
     )
     be.add_argument(
         "--compile",
