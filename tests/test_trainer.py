@@ -294,6 +294,13 @@ def test_load_policy_acts_outside_training(tmp_path):
         (lambda: policy.act(step.obs, starts=[True, False]), ValueError, "one flag per env"),
         (lambda: policy.act(step.obs, deterministic="no"), TypeError, "True or False"),
         (lambda: policy.act(step.obs, generator=5), TypeError, "torch.Generator"),
+        (lambda: policy.act({"agents": "obs"}), TypeError, "'agents'\\] must be an array"),
+        (lambda: policy.act({"agents": [[1], [2, 3]]}), TypeError, "must be an array of"),
+        (lambda: policy.act(step.obs, starts="yes"), TypeError, "starts must be an array"),
+        (lambda: policy.act(step.obs, torch.ones(3, 2, 15)), TypeError, "action_mask must be"),
+        # a mask of the right size in the wrong layout ([agents, envs, ...] reshaped would
+        # have given one agent's allowed actions to another)
+        (lambda: policy.act(step.obs, {"agents": torch.ones(2, 3, 15)}), ValueError, "\\(2, 3,"),
     ]:
         with pytest.raises(error, match=message):
             call()
@@ -315,6 +322,42 @@ def test_load_policy_acts_outside_training(tmp_path):
     )
     policy.reset()
     torch.testing.assert_close(policy.act(step.obs)["agents"], dist.mode()[0])
+
+
+def test_a_config_built_in_code_is_checked_field_by_field(tmp_path):
+    """A TrainConfig edited in code meets each field's range as an override does (a negative
+    budget trained nothing and returned a run)."""
+    cfg = mappo.load_config("mpe/simple_spread")
+    cfg.total_env_steps = -5
+    with pytest.raises(C.ConfigError, match="'total_env_steps' must be >= 1, got -5"):
+        train(cfg, run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_recurrent_policy_starts_afresh_at_a_reset(tmp_path):
+    """The step of ``env.reset()`` starts every env's episode: the recurrent state of the
+    episodes played before does not carry on (the same greedy episode played twice gave two
+    returns). ``Run.load_policy`` gives the policy to act with; ``train`` gives the caller's
+    torch thread count back."""
+    threads = torch.get_num_threads()
+    run = train("mpe/simple_spread", {**TINY, "run_dir": str(tmp_path), "threads": threads + 1})
+    assert torch.get_num_threads() == threads
+    policy = run.load_policy()
+    assert isinstance(policy, mappo.Policy)
+    env = mappo.envs.make("mpe/simple_spread", num_envs=3, seed=0)
+
+    def episode() -> list[torch.Tensor]:
+        step, played = env.reset(seed=7), []
+        for _ in range(6):
+            actions = policy.act(step)
+            played.append(actions["agents"])
+            step = env.step(actions)
+        return played
+
+    first, second = episode(), episode()
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+    env.close()
 
 
 def test_policy_act_excuses_dead_agents_masks_in_an_env_step(tmp_path):

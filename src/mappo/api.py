@@ -52,14 +52,16 @@ class Policy:
         """Actions for ``observations`` (greedy unless ``deterministic=False``).
 
         ``observations`` may be an :class:`~mappo.envs.base.EnvStep`, whose action masks and
-        episode starts are then used as well.
+        episode starts are then used as well: the envs that finished in it, or every env for the
+        step of a ``reset`` (no ``final_obs``), start with a fresh recurrent state.
         """
         alive: dict[str, Tensor] | None = None
         if isinstance(observations, EnvStep):
             step = observations
             observations, action_mask, alive = step.obs, step.action_mask, step.alive
-            if starts is None and step.final_obs is not None:
-                starts = step.done
+            if starts is None:
+                # (a reset's step: the recurrent state of the episodes before must not carry on)
+                starts = True if step.final_obs is None else step.done
         if not isinstance(deterministic, bool):
             raise TypeError(f"deterministic must be True or False, got {deterministic!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
@@ -76,12 +78,8 @@ class Policy:
             )
         obs, single = {}, False
         for name, group in self.spec.groups.items():
-            x = torch.as_tensor(
-                np.asarray(observations[name])
-                if not isinstance(observations[name], Tensor)
-                else observations[name],
-                dtype=torch.float32,
-                device=self.device,
+            x = _as_tensor(
+                observations[name], torch.float32, self.device, f"observations['{name}']"
             )
             if tuple(x.shape) == (group.num_agents, *group.obs_shape):
                 x, single = x.unsqueeze(0), True
@@ -105,12 +103,19 @@ class Policy:
             starts_t = torch.ones(E, dtype=torch.bool, device=self.device)
         elif starts is None:
             starts_t = torch.zeros(E, dtype=torch.bool, device=self.device)
+        elif starts is True:
+            starts_t = torch.ones(E, dtype=torch.bool, device=self.device)
         else:
-            starts_t = torch.as_tensor(starts, dtype=torch.bool, device=self.device)
+            starts_t = _as_tensor(starts, torch.bool, self.device, "starts")
             if starts_t.numel() != E:
                 raise ValueError(f"starts must hold one flag per env ({E}), got {starts_t.numel()}")
             starts_t = starts_t.reshape(E)
         masks = {}
+        if action_mask is not None and not isinstance(action_mask, Mapping):
+            raise TypeError(
+                "action_mask must be a dict of arrays, one per group with masks "
+                f"{list(self.spec.groups)}, got {type(action_mask).__name__}"
+            )
         unknown = sorted(set(action_mask or {}) - set(self.spec.groups))
         if unknown:
             raise ValueError(
@@ -119,9 +124,13 @@ class Policy:
             )
         for name, group in self.spec.groups.items():
             if action_mask is not None and name in action_mask:
-                mask = torch.as_tensor(action_mask[name], dtype=torch.bool, device=self.device)
+                mask = _as_tensor(
+                    action_mask[name], torch.bool, self.device, f"action_mask['{name}']"
+                )
                 want = (E, group.num_agents, group.action.total)
-                if mask.numel() != E * group.num_agents * group.action.total:
+                # The shape itself, not only the count: a transposed [n, E, A] mask reshaped
+                # would allow one agent's actions to another.
+                if tuple(mask.shape) not in ((want, want[1:]) if single or E == 1 else (want,)):
                     raise ValueError(
                         f"action_mask for group '{name}' has shape {tuple(mask.shape)}, expected "
                         f"[{', '.join(map(str, want if not single else want[1:]))}]"
@@ -167,6 +176,22 @@ def _usable_mask(
                 "the EnvStep, whose alive flags excuse them)"
             )
     return mask
+
+
+def _as_tensor(value: Any, dtype: torch.dtype, device: torch.device, what: str) -> Tensor:
+    """``value`` (a tensor, an array or nested lists of numbers) as a tensor of ``dtype``, or a
+    ``TypeError`` naming ``what`` (numpy's and torch's own errors name neither)."""
+    if isinstance(value, Tensor):
+        return value.to(device=device, dtype=dtype)
+    if isinstance(value, (str, bytes)) or value is None:
+        raise TypeError(f"{what} must be an array of numbers, got {type(value).__name__}")
+    try:
+        array = np.asarray(value)
+        if array.dtype == object or array.dtype.kind in "USV":
+            raise TypeError(f"{what} must be an array of numbers, got {array.dtype} values")
+        return torch.as_tensor(array, dtype=dtype, device=device)
+    except (ValueError, RuntimeError) as err:  # ragged lists
+        raise TypeError(f"{what} must be an array of numbers ({err})") from None
 
 
 def _warn_of_a_foreign_checkpoint(run_dir: Path, path: Path, ckpt: dict[str, Any]) -> None:

@@ -102,7 +102,15 @@ class Run:
     summary: dict[str, Any]
     policy: Any = field(repr=False)
     """The trained networks (an :class:`~mappo.nn.actor_critic.ActorCritic` for mappo, a
-    :class:`~mappo.nn.q_agents.QNetworks` for the value family)."""
+    :class:`~mappo.nn.q_agents.QNetworks` for the value family); to act with them, take
+    :meth:`load_policy`."""
+
+    def load_policy(self, device: str | torch.device = "cpu") -> Any:
+        """The run's policy to act with, a :class:`mappo.Policy` (``act(observations)``): its
+        newest checkpoint loaded, as :func:`mappo.load_policy` does."""
+        from mappo.api import load_policy
+
+        return load_policy(self.dir, device=device)
 
 
 def _task_dir(name: str) -> str:
@@ -133,6 +141,9 @@ class Trainer:
             raise ValueError("give both env and learner, or neither")
         self.cfg = cfg
         self.governor: ThreadGovernor | None = None
+        # The caller's thread count, given back on close by the run that sets it (a stacked
+        # run's first seed; the others find it set already).
+        self._threads_before = torch.get_num_threads() if governor else None
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         elif (
@@ -342,9 +353,12 @@ class Trainer:
         return None
 
     def close(self) -> None:
-        """Release the environments' resources (worker processes of adapted envs)."""
+        """Release the environments' resources (worker processes of adapted envs) and give
+        back the caller's torch thread count."""
         self.env.close()
         self.eval_env.close()
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
 
     # -- the loop -----------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -655,6 +669,9 @@ def _load(cfg: TrainConfig | str, overrides: list[str] | dict[str, Any] | None) 
         return config_mod.apply(
             cfg, config_mod.parse_overrides(overrides) if isinstance(overrides, list) else overrides
         )
+    # Each field's own range and type too (a config built or edited in code has met none of
+    # the checks that loading and overrides apply: total_env_steps=-5 trained 0 steps).
+    config_mod.apply(config_mod.TrainConfig(), config_mod.to_dict(cfg))
     config_mod.check(cfg)
     return cfg
 
