@@ -128,6 +128,7 @@ def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> d
         stacked = _stacked_bench(cfg, iterations, warmup)
         compiled, env_seconds, rollout, upd, steps = stacked
         flops = None  # (not counted for stacked seeds)
+        mm, threads = matmul_rate(device=cfg.device), torch.get_num_threads()
     else:
         trainer = Trainer(cfg)
         compiled = 0.0
@@ -150,8 +151,9 @@ def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> d
         fused = getattr(getattr(trainer.learner, "collector", None), "fused_fn", None)
         env_seconds = None if fused is not None else env_time[0]
         flops = update_flops(trainer) if cfg.family == "ppo" else None
+        # (at the run's thread count: closing the trainer gives the caller's back)
+        mm, threads = matmul_rate(device=cfg.device), torch.get_num_threads()
         trainer.close()
-    mm = matmul_rate(device=cfg.device)
     # None where the update's FLOPs were not counted (stacked seeds, the value family)
     achieved = None if flops is None else (flops * iterations / upd if upd > 0 else 0.0)
     total = rollout + upd
@@ -188,7 +190,7 @@ def run_train_bench(cfg: TrainConfig, iterations: int = 5, warmup: int = 1) -> d
         "update_share_of_matmul_rate": None if achieved is None or mm <= 0 else achieved / mm,
         "compile": cfg.compile,
         "compile_seconds": compiled,
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": threads,
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
     }
 
