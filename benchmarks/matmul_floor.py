@@ -133,7 +133,6 @@ def main() -> None:
         trainer.iterate()
 
     out, recorded = record(trainer.iterate)
-    trainer.close()
     calls = materialise(recorded)
     total = flops(calls)
     compiled = trainer_of("on") if args.compiled else None
@@ -159,6 +158,7 @@ def main() -> None:
         "products_seconds_range": [min(times), max(times)],
         "gflop_per_second": total / median / 1e9,
     }
+    trainer.close()  # (after the replays: closing gives the process's thread count back)
     if compiled is not None:
         compiled.close()
         result["compiled_iteration_seconds_median"] = statistics.median(iterations)
