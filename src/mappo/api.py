@@ -21,10 +21,12 @@ class Policy:
     """A trained policy of any family: every group's actor (or Q-agent), with its state.
 
     ``act`` takes per-group observations ``[E, n, *obs_shape]`` (or ``[n, *obs_shape]`` for a
-    single env) as tensors or arrays and returns per-group actions ``[E, n, k]`` int64 (``[n, k]``
+    single env) as tensors or arrays and returns per-group actions ``[E, n, k]``: int64 heads
+    of a discrete group, float32 components (in the action box) of a continuous one (``[n, k]``
     for a single env). The recurrent state is kept between calls for ``E`` envs; pass
-    ``starts`` (``[E]`` bool, True where an episode begins) or call :meth:`reset` at episode
-    boundaries.
+    ``starts`` (``[E]`` bool, True where an episode begins), act on the env's
+    :class:`~mappo.data.EnvStep` (its ends and a reset's step start episodes), or call
+    :meth:`reset` at episode boundaries.
     """
 
     def __init__(
