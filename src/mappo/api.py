@@ -202,15 +202,14 @@ def _warn_of_a_foreign_checkpoint(run_dir: Path, path: Path, ckpt: dict[str, Any
     checkpoint's."""
     import warnings
 
-    from mappo.trainer import config_file_difference
+    from mappo.trainer import config_file_difference, difference_text
 
     differs = config_file_difference(run_dir, ckpt.get("config") or {})
     if differs is not None and differs[0]:
-        key, written, held = differs[1][0]
         warnings.warn(
-            f"'{path}' and '{run_dir / 'config.yaml'}' disagree ({key}: {written!r} there, "
-            f"{held!r} in the checkpoint): the checkpoint may be of another run; this is its "
-            "policy",
+            f"'{path}' and '{run_dir / 'config.yaml'}' disagree "
+            f"({difference_text(*differs[1][0])}): the checkpoint may be of another run; this "
+            "is its policy",
             stacklevel=3,
         )
 

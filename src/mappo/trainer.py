@@ -876,10 +876,9 @@ def _resumable(
     newest, ckpt = load_latest(path)
     differs = config_file_difference(path, ckpt["config"])
     if differs is not None and differs[0]:
-        key, written, held = differs[1][0]
         raise config_mod.ConfigError(
             f"'{newest}' is not a checkpoint of the run that '{path / 'config.yaml'}' "
-            f"describes ({key}: {written!r} there, {held!r} in the checkpoint): a checkpoint "
+            f"describes ({difference_text(*differs[1][0])}): a checkpoint "
             "copied from another run, or config.yaml edited by hand. Move that checkpoint out "
             "of checkpoints/ (or restore config.yaml) and resume again; changes to a run go "
             "on the command line, `mappo train --resume RUN_DIR KEY=VALUE`"
@@ -898,7 +897,7 @@ def _resumable(
         # (what the command line sets now, config.yaml will say again)
         left = [(k, w, h) for k, w, h in differs[1] if w != given.get(k)]
         if left:
-            named = ", ".join(f"{k}: {w!r} there, {h!r} in the checkpoint" for k, w, h in left)
+            named = ", ".join(difference_text(*d) for d in left)
             warnings.warn(
                 f"'{path / 'config.yaml'}' differs from the newest checkpoint ({named}); a "
                 "resume continues with the checkpoint's config and the KEY=VALUE overrides "
@@ -961,6 +960,11 @@ def _without_work_split(flat: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(kwargs, dict):
         return flat
     return {**flat, "env.kwargs": {k: v for k, v in kwargs.items() if k not in _WORK_SPLIT_KWARGS}}
+
+
+def difference_text(key: str, written: Any, held: Any) -> str:
+    """One difference of :func:`config_file_difference` in words."""
+    return f"{key}: {written!r} there, {held!r} in the checkpoint"
 
 
 def config_file_difference(
