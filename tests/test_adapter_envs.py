@@ -24,13 +24,15 @@ class TinyEnv(ParallelEnv):
         scouts: extra agents ``scout_0 ...`` with ``Box(5)`` observations and
             ``MultiDiscrete([2, 3])`` actions (a second group). ``odd_one``: make the last
             ``agent_*`` a ``Box(obs_dim + 1)`` agent, so two groups share the prefix ``agent``.
-        masks: ``"obs"`` (dict observations with ``action_mask``), ``"info"`` or ``None``. The
-            allowed actions at step ``t`` are ``a`` with ``(a + t) % 2 == 0``, and always 0.
+        masks: ``"obs"`` (dict observations with ``action_mask``), ``"info"``, ``"step_info"``
+            (in the infos of steps but not of reset) or ``None``. The allowed actions at step
+            ``t`` are ``a`` with ``(a + t) % 2 == 0``, and always 0.
         leave: agent -> step at which it terminates (leaves the episode).
         max_cycles: every agent still present is truncated at this step.
-        fault: ``"raise"``, ``"hang"``, ``"nan"``, ``"shape"``, ``"unknown_agent"`` at
-            ``fault_step``, only in the copy that was last reset with seed ``fault_seed`` (every
-            copy when ``None``).
+        fault: ``"raise"``, ``"hang"``, ``"nan"``, ``"shape"``, ``"unknown_agent"``,
+            ``"array_reward"`` (a reward of shape (1,)) at ``fault_step``, only in the copy that
+            was last reset with seed ``fault_seed`` (every copy when ``None``);
+            ``"ghost_rewards"``: every step rewards agents that left too (1.0 each).
         box_actions: give the agents a Box action space of shape (2, 2) in [-1, 1]^4.
     """
 
@@ -122,13 +124,17 @@ class TinyEnv(ParallelEnv):
             terms[a] = self.leave.get(a) == self.t
             truncs[a] = self.t >= self.max_cycles and not terms[a]
         obs = {a: self._obs(a) for a in self.agents}
-        infos = {a: self._info(a) for a in self.agents}
+        infos = {a: self._info(a, stepped=True) for a in self.agents}
         if faulty and self.fault == "nan":
             rewards[self.agents[-1]] = float("nan")
         if faulty and self.fault == "shape":
             obs[self.agents[0]] = np.zeros(3, np.float32)
         if faulty and self.fault == "unknown_agent":
             rewards["ghost_0"] = 1.0
+        if faulty and self.fault == "array_reward":
+            rewards[self.agents[0]] = np.array([1.0])
+        if self.fault == "ghost_rewards":  # as envs that report every possible agent do
+            rewards.update({a: 1.0 for a in self.possible_agents if a not in self.agents})
         self.agents = [a for a in self.agents if not (terms[a] or truncs[a])]
         return obs, rewards, terms, truncs, infos
 
@@ -159,14 +165,16 @@ class TinyEnv(ParallelEnv):
             return {"observation": self._value(agent), "action_mask": self._mask(agent)}
         return self._value(agent)
 
-    def _info(self, agent: str) -> dict:
-        return {"action_mask": self._mask(agent)} if self.masks == "info" else {}
+    def _info(self, agent: str, stepped: bool = False) -> dict:
+        given = self.masks == "info" or (self.masks == "step_info" and stepped)
+        return {"action_mask": self._mask(agent)} if given else {}
 
 
 class ScoredTinyEnv(TinyEnv):
     """:class:`TinyEnv` that reports ``steps_played`` and ``bonus`` in every agent's info on the
-    step that ends an episode (declared in ``episode_stats``), and draws itself: an ``[8, 12, 3]``
-    frame filled with ``10 * seed + step``, or ``None`` without ``render_mode="rgb_array"``."""
+    step that ends an episode (declared in ``episode_stats``), and draws itself: an
+    ``[8, 12, 3]`` frame filled with ``(10 * seed + step) % 256``, or ``None`` without
+    ``render_mode="rgb_array"``."""
 
     episode_stats = ("steps_played", "bonus")
 
@@ -198,7 +206,7 @@ class ScoredTinyEnv(TinyEnv):
         if self.render_mode != "rgb_array":
             return None
         # Each copy draws its own seed, so that a frame shows which copy drew it.
-        return np.full((8, 12, 3), 10 * (self.seed_used or 0) + self.t, np.uint8)
+        return np.full((8, 12, 3), (10 * (self.seed_used or 0) + self.t) % 256, np.uint8)
 
 
 def _width(space: spaces.Space) -> int:

@@ -20,6 +20,7 @@ from test_adapter_envs import pid_alive, tiny
 
 from mappo.envs import EnvError, make
 from mappo.envs.adapters import EnvWorkerError, PettingZooAdapter
+from mappo.envs.adapters._worker import copy_seed
 
 pytest.importorskip("pettingzoo")
 
@@ -61,7 +62,7 @@ def started(**kwargs: object) -> tuple[PettingZooAdapter, list[int], str]:
 
 
 def test_an_env_that_raises_is_reported_with_its_traceback() -> None:
-    env, pids, shm = started(fault="raise", fault_seed=3)  # copy 3: seed 0 + 3
+    env, pids, shm = started(fault="raise", fault_seed=copy_seed(0, 3))  # copy 3
     env.step(ones(env))
     with pytest.raises(EnvWorkerError) as info:
         env.step(ones(env))
@@ -69,6 +70,8 @@ def test_an_env_that_raises_is_reported_with_its_traceback() -> None:
     assert (err.env_name, err.worker, err.env_index) == ("tiny", 1, 3)
     assert str(err).startswith("tiny: the environment raised RuntimeError: boom at step 2")
     assert "worker 1" in str(err) and "copy 3" in str(err)
+    # one line: the worker's traceback only with MAPPO_DEBUG=1
+    assert "\n" not in str(err) and str(err).endswith("(MAPPO_DEBUG=1 shows the traceback)")
     assert "test_adapter_envs.py" in err.remote_traceback and "in step" in err.remote_traceback
     assert_cleaned_up(pids, shm)
     with pytest.raises(EnvError, match="closed after an error"):
@@ -76,7 +79,7 @@ def test_an_env_that_raises_is_reported_with_its_traceback() -> None:
 
 
 def test_a_hanging_env_is_reported_after_the_timeout_with_its_stack() -> None:
-    env, pids, shm = started(fault="hang", fault_seed=0, timeout=2.0)
+    env, pids, shm = started(fault="hang", fault_seed=copy_seed(0, 0), timeout=2.0)
     env.step(ones(env))
     with pytest.raises(EnvWorkerError, match="worker 0 .* did not finish step within 2 s") as info:
         env.step(ones(env))
@@ -92,7 +95,7 @@ def test_a_timeout_needs_worker_processes() -> None:
         "tiny: timeout needs worker processes: with num_workers=0 a hanging step cannot be "
         "interrupted; set num_workers>=1 or drop timeout"
     )
-    hangs = tiny(fault="hang", fault_seed=0)
+    hangs = tiny(fault="hang", fault_seed=copy_seed(0, 0))
     for timeout in (2.0, 60):
         with pytest.raises(EnvError) as info:
             PettingZooAdapter(hangs, num_envs=2, num_workers=0, timeout=timeout, name="tiny")
@@ -126,7 +129,7 @@ def test_a_killed_worker_is_reported() -> None:
 
 
 def test_ctrl_c_during_a_step_stops_the_workers() -> None:
-    env, pids, shm = started(fault="hang", fault_seed=2)
+    env, pids, shm = started(fault="hang", fault_seed=copy_seed(0, 2))
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt

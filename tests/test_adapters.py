@@ -20,6 +20,8 @@ import pytest
 import torch
 from test_adapter_envs import ScoredTinyEnv, TinyEnv, tiny
 
+from mappo import config as config_mod
+from mappo.algos.mappo import compute_returns
 from mappo.envs import ActionError, EnvError, make
 from mappo.envs.adapters import (
     EnvOutputError,
@@ -27,6 +29,8 @@ from mappo.envs.adapters import (
     GymnasiumAdapter,
     PettingZooAdapter,
 )
+from mappo.envs.adapters._worker import copy_seed
+from mappo.trainer import Trainer
 
 mpe2 = pytest.importorskip("mpe2")
 from mpe2 import simple_spread_v3  # noqa: E402
@@ -66,7 +70,7 @@ def test_spread_matches_a_direct_loop_step_for_step(num_workers: int, global_sta
     agents = env.spec.groups["agent"].agents
 
     direct = [simple_spread_v3.parallel_env() for _ in range(num_envs)]
-    first = [d.reset(seed=seed + i)[0] for i, d in enumerate(direct)]
+    first = [d.reset(seed=copy_seed(seed, i))[0] for i, d in enumerate(direct)]
     out = env.reset()
     expected = np.stack([[first[i][a] for a in agents] for i in range(num_envs)])
     np.testing.assert_array_equal(out.obs["agent"].numpy(), expected)
@@ -103,10 +107,14 @@ def test_same_seed_replays_and_reset_continues_the_rng() -> None:
     b = PettingZooAdapter("mpe2.simple_spread_v3", num_envs=3, seed=1, num_workers=0)
     first = a.reset().obs["agent"]
     assert torch.equal(first, b.reset().obs["agent"])
-    assert not torch.equal(first[0], first[1])  # copy i is seeded seed + i
+    assert not torch.equal(first[0], first[1])  # copy i is seeded copy_seed(1, i)
     assert torch.equal(a.reset(seed=1).obs["agent"], first)
     assert not torch.equal(a.reset().obs["agent"], first)  # a None seed continues the RNG
     assert torch.equal(a.reset(seed=5).obs["agent"], b.reset(seed=5).obs["agent"])
+    # Copy 1 of seed 1 is not copy 0 of seed 2: the runs of two seeds share no env stream.
+    assert not torch.equal(a.reset(seed=1).obs["agent"][1], b.reset(seed=2).obs["agent"][0])
+    seeds = {copy_seed(s, i) for s in range(20) for i in range(20)}
+    assert len(seeds) == 400
 
 
 def test_config_names_pass_keyword_arguments_through() -> None:
@@ -352,6 +360,63 @@ def test_an_agent_that_leaves_is_dead_until_the_episode_ends() -> None:
     assert out.stats["episode_return"].tolist() == pytest.approx([expected_return] * 2)
 
 
+def test_an_agent_that_leaves_ends_its_own_returns_and_earns_nothing_after() -> None:
+    # The env keeps rewarding agent_1 after it terminated (as envs that report every possible
+    # agent do): those rewards belong to no action of its, and are not recorded.
+    factory = tiny(leave={"agent_1": 2}, max_cycles=4, fault="ghost_rewards")
+    env = PettingZooAdapter(factory, num_envs=1, num_workers=0)
+    assert env.agent_terminations
+    env.reset()
+    ones = {"agent": torch.ones(1, 2, dtype=torch.int64)}
+    steps = [env.step(ones) for _ in range(4)]
+    assert [s.agent_terminated["agent"][0].tolist() for s in steps] == [
+        [False, False],
+        [False, True],  # agent_1's own episode ends here, while the env goes on
+        [False, False],
+        [False, False],
+    ]
+    assert [s.reward["agent"][0, 1].item() for s in steps] == pytest.approx([1.1, 1.1, 0, 0])
+    assert bool(steps[-1].truncated) and steps[-1].stats["episode_return"].item() == (
+        pytest.approx((4 * 0.1 + 2 * 1.1) / 2)
+    )
+
+
+def test_an_agent_that_leaves_is_not_bootstrapped_past_its_last_step() -> None:
+    # MAPPO's returns: agent_1 terminates at step 2 of an episode that goes on. Its target at
+    # that step is its reward alone, whatever the critic makes of its death-masked input.
+    cfg = config_mod.load(
+        "pettingzoo/simple_spread",
+        {
+            "env.name": "pettingzoo:test_adapter_envs:TinyEnv",
+            "env.kwargs": {"leave": {"agent_1": 2}, "max_cycles": 6, "num_workers": 0},
+            "env.num_envs": 1,
+            "rollout_length": 6,
+            "threads": 1,
+            "algo.value_norm": "none",
+        },
+    )
+    trainer = Trainer(cfg)
+    try:
+        learner = trainer.learner
+        with torch.no_grad():  # a critic far from 0 on every input, the dead one's included
+            for name, param in learner.policy.critics["agent"].named_parameters():
+                param.fill_(0.0 if "weight" in name else 5.0)
+        ro = learner.collector.collect()
+        buf = ro.groups["agent"]
+        assert buf.agent_terminated[1, 0].tolist() == [False, True]
+        _, returns = compute_returns(learner.policy, ro, cfg.algo)["agent"]
+        assert returns[1, 0, 1].item() == pytest.approx(buf.rewards[1, 0, 1].item())
+        # Without the flag, the dead input's value of 5 was bootstrapped into that target.
+        flags, buf.agent_terminated = buf.agent_terminated, None
+        _, before = compute_returns(learner.policy, ro, cfg.algo)["agent"]
+        assert before[1, 0, 1].item() > buf.rewards[1, 0, 1].item() + 0.5
+        # agent_0 goes on: bootstrapped as before
+        buf.agent_terminated = flags
+        assert returns[:, :, 0].tolist() == before[:, :, 0].tolist()
+    finally:
+        trainer.close()
+
+
 def test_an_episode_that_every_agent_leaves_is_terminated() -> None:
     leave = {"agent_0": 3, "agent_1": 2}
     env = PettingZooAdapter(tiny(leave=leave, max_cycles=10), num_envs=1, num_workers=0)
@@ -437,9 +502,11 @@ def test_render_draws_the_copy_in_its_worker(num_workers: int) -> None:
             env.render(0)
         env.reset(seed=3)
         env.step({"agent": torch.ones(2, 2, 1, dtype=torch.int64)})
-        frame = env.render(1)  # copy 1 was seeded 3 + 1, and has taken one step
-        assert frame.shape == (8, 12, 3) and frame.dtype == np.uint8 and (frame == 41).all()
-        assert (env.render(0) == 31).all()
+        frame = env.render(1)  # copy 1 was seeded copy_seed(3, 1), and has taken one step
+        drawn = [(10 * copy_seed(3, i) + 1) % 256 for i in range(2)]
+        assert drawn[0] != drawn[1]
+        assert frame.shape == (8, 12, 3) and frame.dtype == np.uint8 and (frame == drawn[1]).all()
+        assert (env.render(0) == drawn[0]).all()
         with pytest.raises(EnvError, match="env_index must be in 0..1"):
             env.render(2)
         env.step({"agent": torch.ones(2, 2, 1, dtype=torch.int64)})  # the batch still steps
@@ -484,6 +551,11 @@ def test_a_worker_that_dies_while_drawing_closes_the_batch() -> None:
         ("nan", "agent 'agent_1' in copy 0 of the batch returned a reward with NaN"),
         ("shape", r"agent 'agent_0' in copy 0 of the batch returned an observation of shape"),
         ("unknown_agent", "agent 'ghost_0' .* is not one of the env's possible_agents"),
+        (
+            "array_reward",
+            r"agent 'agent_0' in copy 0 of the batch returned a reward of an array of shape "
+            r"\(1,\) and dtype float64; a reward is one number",
+        ),
     ],
 )
 def test_malformed_output_is_refused_with_agent_and_env_names(fault: str, message: str) -> None:
@@ -512,8 +584,31 @@ def test_a_fault_while_the_env_is_inspected_is_one_clear_error(fault: str, messa
     assert str(info.value).startswith("tiny: ")
 
 
+def test_a_state_that_raises_names_the_fix_which_never_calls_it() -> None:
+    with pytest.raises(EnvError, match="state boom; global_state=obs gives the critic"):
+        PettingZooAdapter(tiny(fault="state_raise"), num_envs=1, num_workers=0, name="tiny")
+    env = PettingZooAdapter(
+        tiny(fault="state_raise"), num_envs=2, num_workers=0, name="tiny", global_state="obs"
+    )
+    env.reset()
+    out = env.step({"agent": torch.ones(2, 2, dtype=torch.int64)})
+    assert out.state.shape == (2, 8)  # both agents' observations, joined
+
+
+def test_masks_only_in_step_infos_are_refused_not_ignored() -> None:
+    # The mask mode is read from reset's infos: a mask that appears only later would have been
+    # dropped without a word, training on forbidden actions.
+    env = PettingZooAdapter(tiny(masks="step_info"), num_envs=1, num_workers=0, name="tiny")
+    assert not env.spec.groups["agent"].has_action_mask
+    env.reset()
+    with pytest.raises(EnvOutputError, match="has an 'action_mask' in its info, but its first"):
+        env.step({"agent": torch.ones(1, 2, dtype=torch.int64)})
+
+
 def test_an_env_error_in_process_names_the_copy_and_keeps_the_traceback() -> None:
-    env = PettingZooAdapter(tiny(fault="raise", fault_seed=11), num_envs=3, seed=10, num_workers=0)
+    env = PettingZooAdapter(
+        tiny(fault="raise", fault_seed=copy_seed(10, 1)), num_envs=3, seed=10, num_workers=0
+    )
     env.reset()
     env.step({"agent": torch.ones(3, 2, dtype=torch.int64)})
     with pytest.raises(

@@ -207,6 +207,12 @@ class EnvStep:
     stats: dict[str, Tensor] = field(default_factory=dict)
     """Per statistic ``[E]`` float32: the statistics of the episode that ended in this step;
     meaningful only where ``done``."""
+    agent_terminated: dict[str, Tensor] = field(default_factory=dict)
+    """Per group ``[E, n]`` bool, from envs that declare
+    :attr:`~mappo.envs.base.BatchedEnv.agent_terminations`: the agent's own episode reached a
+    terminal state with this step (PettingZoo's per-agent ``terminations``), whether or not its
+    env goes on; its return is not bootstrapped past this step. Absent: only ``terminated``
+    ends an agent's returns."""
 
     @property
     def done(self) -> Tensor:
@@ -403,6 +409,7 @@ class GroupBuffer:
     alive: Tensor  # [T, E, n] bool: the agent acted at step t
     action_mask: Tensor | None  # [T, E, n, A] bool
     final_values: Tensor | None  # [T, E, C] normalised V(final obs) for truncation bootstrap
+    agent_terminated: Tensor | None = None  # [T, E, n] bool: the agent's own episode ended
 
 
 @dataclass

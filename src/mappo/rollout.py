@@ -147,6 +147,11 @@ def allocate(policy: ActorCritic, env: BatchedEnv, length: int, bootstrap: bool)
                 else None
             ),
             final_values=torch.zeros(length, E, c, device=dev) if bootstrap else None,
+            agent_terminated=(
+                torch.zeros(length, E, n, dtype=torch.bool, device=dev)
+                if env.agent_terminations
+                else None
+            ),
         )
     flags = [torch.zeros(length, E, dtype=torch.bool, device=dev) for _ in range(3)]
     return Rollout(groups, *flags)
@@ -484,6 +489,8 @@ class Collector:
                 if stepwise[name]:
                     buf.values[t] = values[name]
                 buf.rewards[t] = self.step.reward[name]
+                if buf.agent_terminated is not None:
+                    buf.agent_terminated[t] = self.step.agent_terminated[name]
                 if self.bootstrap:
                     # V(final observation) with the recurrent state that would have continued
                     # the episode; only used where the env was truncated.

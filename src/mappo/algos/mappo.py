@@ -114,8 +114,12 @@ def compute_returns(
         if cfg.bootstrap_truncation and buf.final_values is not None:
             final = critic.denormalize(buf.final_values).expand(-1, -1, n)
         nxt = next_values(values, trunc, final)
+        # An agent whose own episode ended (envs that report it) is terminal from there, even
+        # where its env goes on or was truncated: its next value would be that of its
+        # death-masked input, which no loss trains.
+        ended = term if buf.agent_terminated is None else term | buf.agent_terminated
         out[name] = estimator(
-            buf.rewards, values[:-1].contiguous(), nxt, term, trunc, cfg.gamma, cfg.gae_lambda
+            buf.rewards, values[:-1].contiguous(), nxt, ended, trunc, cfg.gamma, cfg.gae_lambda
         )
     return out
 

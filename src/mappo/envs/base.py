@@ -90,6 +90,13 @@ class BatchedEnv(abc.ABC):
     quarter of the memory its step writes); every network of the library converts its inputs to
     float32 itself."""
 
+    agent_terminations: bool = False
+    """Whether :meth:`step` reports :attr:`EnvStep.agent_terminated`: agents whose own episode
+    ends while their env's goes on (the adapters, from PettingZoo's per-agent terminations).
+    MAPPO's returns then stop at such an agent's last step. The library's own envs leave it
+    off: in the combat simulator a fallen unit keeps the team's later rewards and is
+    bootstrapped from its death-masked input, as in the MAPPO paper's code."""
+
     def __init__(self, num_envs: int, device: str | torch.device = "cpu", seed: int = 0) -> None:
         if not isinstance(num_envs, int) or isinstance(num_envs, bool) or num_envs < 1:
             raise EnvError(f"{self.name}: num_envs must be a positive integer, got {num_envs!r}")

@@ -120,6 +120,7 @@ class SeedBlocks:
         self.name = envs[0].name
         # the rollout stores byte observations as bytes (mappo.rollout.stored_dtypes)
         self.byte_observations = envs[0].byte_observations
+        self.agent_terminations = envs[0].agent_terminations
 
     def rows(self, k: int) -> slice:
         """Seed ``k``'s rows of the batch."""

@@ -106,13 +106,14 @@ class TupleEnvAsParallel:
 
         obs_space, act_space = env.observation_space, env.action_space
         if not isinstance(obs_space, spaces.Tuple) or not isinstance(act_space, spaces.Tuple):
-            raise TypeError(
+            # not TypeError: the adapter reads that as a bad keyword argument of the env
+            raise ValueError(
                 f"expected observation and action spaces of type gymnasium.spaces.Tuple (one "
                 f"entry per agent), got {type(obs_space).__name__} and "
                 f"{type(act_space).__name__}"
             )
         if len(obs_space.spaces) != len(act_space.spaces):
-            raise TypeError(
+            raise ValueError(
                 f"the observation Tuple has {len(obs_space.spaces)} entries but the action "
                 f"Tuple has {len(act_space.spaces)}; both need one entry per agent"
             )
@@ -400,10 +401,11 @@ class EnvRunner:
     """Steps copies ``lo .. hi - 1`` of the batch and writes their output into ``arrays``.
 
     ``arrays`` holds the whole batch (see the module docstring); this runner touches only its
-    rows. Copy ``i`` is reset with seed ``seed + i`` by :meth:`reset`. ``config`` is built by the
-    main process: ``env_name``, ``groups`` (``[(name, [agent descriptions])]``), ``mask_modes``
-    (group -> ``None``/``"obs"``/``"info"``), ``state_dim`` (``None``: the main process
-    concatenates observations instead), ``episode_limit``, ``truncate_at_limit``,
+    rows. Copy ``i`` is reset with seed :func:`copy_seed` ``(seed, i)`` by :meth:`reset`.
+    ``config`` is built by the main process: ``env_name``, ``groups`` (``[(name, [agent
+    descriptions])]``), ``mask_modes`` (group -> ``None``/``"obs"``/``"info"``), ``state_dim``
+    (``None``: the main process concatenates observations instead), ``episode_limit``,
+    ``truncate_at_limit``,
     ``check_finite``, ``episode_stats`` (names read from the infos of an episode's last step).
     """
 
@@ -430,6 +432,7 @@ class EnvRunner:
         self.final_obs = {g: rows(f"final_obs/{g}") for g in self.groups}
         self.reward = {g: rows(f"reward/{g}") for g in self.groups}
         self.alive = {g: rows(f"alive/{g}") for g in self.groups}
+        self.agent_terminated = {g: rows(f"agent_terminated/{g}") for g in self.groups}
         self.action = {g: rows(f"action/{g}") for g in self.groups}
         self.mask = {g: rows(f"mask/{g}") for g in self.groups if f"mask/{g}" in arrays}
         self.state = rows("state") if self.state_dim is not None else None
@@ -443,17 +446,20 @@ class EnvRunner:
         self.lengths = np.zeros(hi - lo, dtype=np.int64)
         self.current: int | None = None
         """Batch index of the copy being stepped (for error reports)."""
+        self.method = "reset"
+        """The env method being called, for error reports (a step's auto-reset calls reset)."""
         self.envs: list[Any] = []
         for _ in range(hi - lo):
             self.envs.append(make_env(factory, wrap))
 
     # -- commands ---------------------------------------------------------------------------
     def reset(self, seed: int | None) -> None:
-        """Reset every copy; copy ``i`` gets seed ``seed + i`` (``None``: continue its RNG)."""
+        """Reset every copy; copy ``i`` gets :func:`copy_seed` ``(seed, i)`` (``None``: continue
+        its RNG)."""
         self._clear_step_outputs()
         for li, env in enumerate(self.envs):
             self.current = self.lo + li
-            self._reset_env(li, env, None if seed is None else seed + self.lo + li)
+            self._reset_env(li, env, None if seed is None else copy_seed(seed, self.lo + li))
         self.current = None
         if self.check:
             self._check_finite()
@@ -469,8 +475,9 @@ class EnvRunner:
             for agent in env.agents:
                 slot = slots.get(agent) or self._slot(li, agent)
                 joint[agent] = slot.env_action(actions[slot.group][li][slot.index])
+            self.method = "step"
             obs, rewards, terms, truncs, infos = env.step(joint)
-            self._after_step(li, env, obs, rewards, terms, truncs, infos)
+            self._after_step(li, env, joint, obs, rewards, terms, truncs, infos)
         self.current = None
         if self.check:
             self._check_finite()
@@ -505,6 +512,7 @@ class EnvRunner:
             self.obs[g].fill(0.0)
             self.reward[g].fill(0.0)
             self.alive[g].fill(False)
+            self.agent_terminated[g].fill(False)
         for m in self.mask.values():
             m.fill(True)  # an absent agent's action is ignored; all-allowed keeps it samplable
         self.terminated.fill(False)
@@ -515,13 +523,40 @@ class EnvRunner:
             values.fill(0.0)
 
     def _after_step(
-        self, li: int, env: Any, obs: dict, rewards: dict, terms: dict, truncs: dict, infos: dict
+        self,
+        li: int,
+        env: Any,
+        acted: dict,
+        obs: dict,
+        rewards: dict,
+        terms: dict,
+        truncs: dict,
+        infos: dict,
     ) -> None:
+        """Write what ``env.step(acted)`` returned. Only the agents that acted (``acted``'s
+        keys) have a reward, a termination and a final observation: many envs keep reporting
+        agents that already left, whose rewards belong to no action of theirs."""
+        for agent in rewards:
+            self._slot(li, agent)  # an agent the env never declared is an error
         total = 0.0
-        for agent, r in rewards.items():
+        for agent in acted:
             slot = self._slot(li, agent)
+            r = rewards.get(agent, 0.0)
+            if not isinstance(r, (int, float, np.integer, np.floating, np.bool_)):
+                if not (isinstance(r, np.ndarray) and r.ndim == 0 and r.dtype.kind in "biuf"):
+                    raise self._fault(
+                        li,
+                        agent,
+                        f"returned a reward of {_describe(r)}; a reward is one number (a Python "
+                        "or numpy scalar)",
+                    )
+            r = float(r)
             self.reward[slot.group][li, slot.index] = r
-            total += float(r)
+            total += r
+            if terms.get(agent, False):
+                # Its own episode is over, even where the env goes on or is truncated: no
+                # bootstrap past this step (PettingZoo's per-agent terminations).
+                self.agent_terminated[slot.group][li, slot.index] = True
         self.returns[li] += total / self.num_agents
         self.lengths[li] += 1
         live = [a for a in env.agents if not (terms.get(a, False) or truncs.get(a, False))]
@@ -542,7 +577,8 @@ class EnvRunner:
         self.truncated[li] = truncated
         for g in self.groups:
             self.final_obs[g][li] = 0.0
-        self._write_agents(li, obs, infos, list(obs), self.final_obs, as_next=False)
+        ended_on = [a for a in obs if a in acted]
+        self._write_agents(li, obs, infos, ended_on, self.final_obs, as_next=False)
         if self.final_state is not None:
             self._write_state(li, env, self.final_state)
         self.episode_return[li] = self.returns[li]
@@ -574,6 +610,7 @@ class EnvRunner:
         )
 
     def _reset_env(self, li: int, env: Any, seed: int | None) -> None:
+        self.method = "reset"
         obs, infos = env.reset(seed=seed)
         self.returns[li] = 0.0
         self.lengths[li] = 0
@@ -612,6 +649,20 @@ class EnvRunner:
                     value = {k: v for k, v in value.items() if k != "action_mask"}
             elif slot.mask == "info":
                 mask = (infos.get(agent) or {}).get("action_mask")
+                if mask is None and as_next:
+                    raise self._fault(
+                        li,
+                        agent,
+                        "acts next but its info has no 'action_mask' (its first reset's info "
+                        "had one: an agent with masks in its infos needs one in every info)",
+                    )
+            elif as_next and "action_mask" in (infos.get(agent) or {}):
+                raise self._fault(
+                    li,
+                    agent,
+                    "has an 'action_mask' in its info, but its first reset's info had none, so "
+                    "masks are not read for it; put the mask in every info, reset's included",
+                )
             self._write_obs(li, slot, value, target[slot.group][li, slot.index])
             if as_next:
                 self.alive[slot.group][li, slot.index] = True
@@ -702,6 +753,23 @@ class EnvRunner:
 
 
 # -- the worker process -------------------------------------------------------------------------
+def copy_seed(seed: int, index: int) -> int:
+    """The seed that copy ``index`` of a batch reset with ``seed`` gets: a hash of both (numpy's
+    ``SeedSequence``), so that the copies of two seeds share no stream (with ``seed + index``,
+    seeds 1 and 2 of a 10-copy batch shared nine; and so did an evaluation's copies with the
+    next evaluation's)."""
+    entropy = [seed % 2**64, index]
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint32)[0])
+
+
+def _describe(value: Any) -> str:
+    """A short description of a value that is not what the adapter expected."""
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {value.shape} and dtype {value.dtype}"
+    text = repr(value)
+    return f"{text[:60]}... ({type(value).__name__})" if len(text) > 60 else text
+
+
 def npy_bytes(array: np.ndarray) -> bytes:
     """``array`` in ``.npy`` format (read back with ``np.load(..., allow_pickle=False)``)."""
     import io
@@ -711,10 +779,14 @@ def npy_bytes(array: np.ndarray) -> bytes:
     return out.getvalue()
 
 
-def error_reply(err: BaseException, kind: str, env_index: int | None) -> bytes:
-    """The reply that reports ``err`` to the main process."""
+def error_reply(
+    err: BaseException, kind: str, env_index: int | None, method: str | None = None
+) -> bytes:
+    """The reply that reports ``err`` to the main process (``method``: the env method that
+    raised it, where known)."""
     info = {
         "kind": kind,
+        "method": method,
         "type": type(err).__name__,
         "message": str(err),
         "traceback": traceback.format_exc(),
@@ -796,7 +868,7 @@ def worker_main(
             except EnvOutputFault as err:
                 conn.send_bytes(error_reply(err, "output", runner.current))
             except BaseException as err:
-                conn.send_bytes(error_reply(err, "env", runner.current))
+                conn.send_bytes(error_reply(err, "env", runner.current, runner.method))
             else:
                 conn.send_bytes(OK)
     finally:

@@ -20,9 +20,12 @@ What the adapter does with the wrapped env (the contract is in :mod:`mappo.envs.
   ``info[agent]["action_mask"]``.
 - **Episodes**: an env is done when every agent is terminated or truncated, when no agent is left,
   or at ``episode_limit`` steps (a truncation). Agents that leave early are not ``alive``, with
-  zero observation and zero reward (death masking). Done copies are reset in the same step
-  (``final_obs`` holds the observation they ended on).
-- **Seeding**: ``reset(seed)`` resets copy ``i`` with seed ``seed + i``; later episodes continue
+  zero observation and zero reward (death masking); rewards an env still reports for them are
+  dropped. An agent's own termination ends its returns there (``EnvStep.agent_terminated``), while
+  its env's episode goes on. Done copies are reset in the same step (``final_obs`` holds the
+  observation they ended on).
+- **Seeding**: ``reset(seed)`` resets copy ``i`` with a seed hashed from ``(seed, i)``
+  (``_worker.copy_seed``: two seeds' batches share no copy's stream); later episodes continue
   each copy's own RNG, so ``(seed, num_envs)`` replays exactly, with or without workers.
 - **Statistics**: ``episode_return`` (the episode's reward summed over steps, averaged over all
   agents) and ``episode_length`` (steps); and any number the env reports in an agent's info on
@@ -123,6 +126,8 @@ class ParallelEnvAdapter(BatchedEnv):
             ``episode_stats`` attribute, else none).
     """
 
+    agent_terminations = True  # an agent's own termination ends its returns (EnvStep)
+
     def __init__(
         self,
         factory: _worker.Factory,
@@ -180,7 +185,7 @@ class ParallelEnvAdapter(BatchedEnv):
         self._masks: dict[str, Tensor] = {}
 
         descs, env_state, joined, limit, env_stats = self._inspect(
-            factory, wrap, seed, episode_limit
+            factory, wrap, seed, episode_limit, read_state=global_state != "obs"
         )
         extra_stats = _check_stat_names(name, env_stats if episode_stats is None else episode_stats)
         self._stat_names = STAT_NAMES + extra_stats
@@ -230,8 +235,9 @@ class ParallelEnvAdapter(BatchedEnv):
 
     # -- the contract -------------------------------------------------------------------------
     def reset(self, seed: int | None = None) -> EnvStep:
-        """Reset every copy; copy ``i`` is seeded ``seed + i`` (the constructor's seed the first
-        time when ``seed`` is ``None``; later ``None`` resets continue each copy's RNG)."""
+        """Reset every copy; copy ``i`` is seeded ``copy_seed(seed, i)`` (the constructor's seed
+        the first time when ``seed`` is ``None``; later ``None`` resets continue each copy's
+        RNG)."""
         self._ensure_open()
         if seed is None and not self._was_reset:
             seed = self.seed
@@ -342,10 +348,16 @@ class ParallelEnvAdapter(BatchedEnv):
 
     # -- internals ----------------------------------------------------------------------------
     def _inspect(
-        self, factory: _worker.Factory, wrap: str, seed: int, episode_limit: int | None
+        self,
+        factory: _worker.Factory,
+        wrap: str,
+        seed: int,
+        episode_limit: int | None,
+        read_state: bool = True,
     ) -> tuple[dict[str, dict[str, Any]], np.ndarray | None, np.ndarray, int, Sequence[str]]:
         """Build one env here to read its agents, spaces, masks, episode limit and episode
-        statistics, and its first ``state()`` (``None`` without one) and joined observations."""
+        statistics, and its first ``state()`` (``None`` without one, or unless ``read_state``)
+        and joined observations."""
         try:
             probe = _worker.make_env(factory, wrap)
         except TypeError as err:
@@ -401,13 +413,17 @@ class ParallelEnvAdapter(BatchedEnv):
                             "action_mask in its info; masks apply to discrete actions only"
                         )
                     desc["mask"] = "info"
+            env_state = None
             try:
-                env_state = np.asarray(probe.state(), dtype=np.float32).reshape(-1)
+                if read_state:
+                    env_state = np.asarray(probe.state(), dtype=np.float32).reshape(-1)
             except (NotImplementedError, AttributeError):
-                env_state = None
+                pass
             except Exception as err:
                 raise EnvError(
-                    f"{self.name}: the environment's state() raised {type(err).__name__}: {err}"
+                    f"{self.name}: the environment's state() raised {type(err).__name__}: {err}; "
+                    "global_state=obs gives the critic every agent's observation instead "
+                    "(env.kwargs.global_state=obs)"
                 ) from err
             parts = []
             for a in agents:
@@ -445,6 +461,7 @@ class ParallelEnvAdapter(BatchedEnv):
             fields[f"final_obs/{g}"] = ((e, n, d), "float32")
             fields[f"reward/{g}"] = ((e, n), "float32")
             fields[f"alive/{g}"] = ((e, n), "bool")
+            fields[f"agent_terminated/{g}"] = ((e, n), "bool")
             kind = "float32" if spec.action.continuous else "int64"
             fields[f"action/{g}"] = ((e, n, spec.action.num_heads), kind)
             if spec.has_action_mask:
@@ -484,8 +501,9 @@ class ParallelEnvAdapter(BatchedEnv):
             if isinstance(err, EnvError):  # e.g. a worker pool that could not start
                 raise
             copy = "" if index is None else f" in copy {index} of the batch"
+            method = what if self._runner is None else self._runner.method
             raise EnvWorkerError(
-                f"{self.name}: the environment raised {type(err).__name__}: {err} in {what}"
+                f"{self.name}: the environment raised {type(err).__name__}: {err} in {method}"
                 f"{copy} (in-process)",
                 env_name=self.name,
                 worker=None,
@@ -524,6 +542,7 @@ class ParallelEnvAdapter(BatchedEnv):
         reward = {g: get(f"reward/{g}") for g in groups}
         alive = {g: get(f"alive/{g}") for g in groups}
         masks = {g: get(f"mask/{g}") for g in groups if self.spec.groups[g].has_action_mask}
+        agent_terminated = {g: get(f"agent_terminated/{g}") for g in groups}
         terminated, truncated = get("terminated"), get("truncated")
         if self._state_dim is not None:
             state = get("state")
@@ -551,6 +570,7 @@ class ParallelEnvAdapter(BatchedEnv):
             final_obs=final_obs,
             final_state=final_state,
             stats={s: get(s) for s in self._stat_names},
+            agent_terminated=agent_terminated,
         )
 
 

@@ -235,7 +235,7 @@ class WorkerPool:
         self._broadcast(_worker.STEP, "step")
 
     def reset(self, seed: int | None) -> None:
-        """Every worker resets its copies (copy ``i`` with seed ``seed + i``)."""
+        """Every worker resets its copies (copy ``i`` with seed ``copy_seed(seed, i)``)."""
         self._broadcast(_worker.RESET + (b"" if seed is None else str(seed).encode()), "reset")
 
     def render(self, index: int) -> np.ndarray | None:
@@ -335,10 +335,17 @@ class WorkerPool:
                 remote_traceback=info["traceback"],
             )
         copy = "" if info["env_index"] is None else f" in copy {info['env_index']} of the batch"
-        action = "while building its environments" if info["kind"] == "create" else f"in {what}"
+        method = info.get("method") or what
+        action = "while building its environments" if info["kind"] == "create" else f"in {method}"
+        # One line, as an in-process env's error; the worker's traceback where asked for.
+        where = (
+            f"\nOriginal traceback:\n{info['traceback']}"
+            if os.environ.get("MAPPO_DEBUG")
+            else " (MAPPO_DEBUG=1 shows the traceback)"
+        )
         raise EnvWorkerError(
             f"{self.env_name}: the environment raised {info['type']}: {info['message']} "
-            f"{action}{copy} ({self._where(w)}).\nOriginal traceback:\n{info['traceback']}",
+            f"{action}{copy} ({self._where(w)}){where}",
             env_name=self.env_name,
             worker=w,
             env_index=info["env_index"],

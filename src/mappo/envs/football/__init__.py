@@ -59,7 +59,8 @@ class FootballEnv(ParallelEnvAdapter):
 
     Args:
         scenario: the GRF scenario (a file of ``gfootball/scenarios``).
-        num_envs, device, seed: as every batched env; game ``i`` is seeded ``seed + i``.
+        num_envs, device, seed: as every batched env; game ``i`` is seeded from
+            ``(seed, i)`` (the adapters' ``copy_seed``).
         num_agents: left-team players under the agents' control.
         env_kwargs: further arguments of :class:`~mappo.envs.football.grf.FootballParallelEnv`.
         options: the adapter's (:class:`~mappo.envs.adapters.ParallelEnvAdapter`).
