@@ -120,7 +120,7 @@ def test_unknown_key_names_nearest_valid_key() -> None:
         ("model.share_params=maybe", "'model.share_params' must be true or false"),
         ("algo.critic_input=global", "'algo.critic_input' must be one of"),
         ("device=tpu", "'device' must be 'cpu', 'cuda'"),
-        ("algo.num_minibatches=100000", "exceeds the samples per update"),
+        ("algo.num_minibatches=100000", "exceeds the 320 chunks of algo.data_chunk_length=10"),
         ("epochs", "must look like KEY=VALUE"),
     ],
 )

@@ -230,6 +230,48 @@ def test_resume_equals_uninterrupted(tmp_path):
         assert totals == sorted(totals) and totals[0] > 0, column
 
 
+@pytest.mark.parametrize(
+    ("preset", "key", "column"),
+    [
+        ("mpe/simple_spread_ff_fast", "algo.actor_lr", "actor_lr"),
+        ("mpe/simple_spread_ff_fast", "algo.critic_lr", "critic_lr"),
+        ("mpe/simple_spread_qmix", "algo.lr", "lr"),
+        ("mpe/simple_spread_coma", "algo.critic_lr", "critic_lr"),
+    ],
+)
+def test_a_learning_rate_changed_on_resume_is_the_one_trained_with(tmp_path, preset, key, column):
+    # The optimiser's saved state carries its settings; loading it had put the old rate back
+    # while config.yaml named the new one (so lowering the rates after a divergence did nothing).
+    cfg = {"env.num_envs": 4, "total_env_steps": 200, "threads": 1, "progress": False}
+    cfg.update({"log_interval": 1, "eval_interval": 100, "eval_episodes": 2})
+    if preset.endswith("ff_fast"):
+        cfg.update({"rollout_length": 25, "algo.lr_decay": False})
+    run = train(preset, {**cfg, "run_dir": str(tmp_path)})
+    before = float(list(csv.DictReader((run.dir / "metrics.csv").open()))[-1][column])
+    resumed = resume(run.dir, {"total_env_steps": 400, key: before / 10})
+    rows = list(csv.DictReader((resumed.dir / "metrics.csv").open()))
+    assert float(rows[0][column]) == before
+    assert float(rows[-1][column]) == pytest.approx(before / 10)
+
+
+@pytest.mark.parametrize("recurrent", ["none", "gru"])
+def test_an_epoch_takes_exactly_num_minibatches_gradient_steps(recurrent):
+    # 100 samples (10 chunks of 10 steps) in 51 (6) mini-batches: torch.chunk gave 50 (5).
+    n = 51 if recurrent == "none" else 6
+    cfg = C.load(
+        "mpe/simple_spread",
+        {"env.num_envs": 4, "rollout_length": 25, "model.recurrent": recurrent, "threads": 1,
+         "algo.data_chunk_length": 10, "algo.epochs": 1, "algo.num_minibatches": n},
+    )  # fmt: skip
+    trainer = Trainer(cfg)
+    try:
+        trainer.learner.iterate(1, 100)
+        steps = {float(s["step"]) for s in trainer.learner.optim.actor.state.values()}
+        assert steps == {n}
+    finally:
+        trainer.close()
+
+
 def test_killed_run_resumes_to_the_same_parameters(tmp_path):
     """kill -9 at an arbitrary moment after the first checkpoint, then resume from the CLI."""
     overrides = [

@@ -658,14 +658,20 @@ def check(cfg: TrainConfig, saved: bool = False) -> None:
                 f"config field 'algo.batch_size' ({cfg.algo.batch_size}) exceeds "
                 f"'algo.buffer_size' ({cfg.algo.buffer_size}); lower it or enlarge the buffer"
             )
-    elif (
-        isinstance(cfg.algo, AlgoConfig)
-        and cfg.algo.num_minibatches > cfg.env.num_envs * cfg.rollout_length
-    ):
-        raise ConfigError(
-            f"config field 'algo.num_minibatches' ({cfg.algo.num_minibatches}) exceeds the "
-            f"samples per update ({cfg.env.num_envs * cfg.rollout_length}); lower it"
-        )
+    elif isinstance(cfg.algo, AlgoConfig):
+        # What an update splits into mini-batches: steps, or for recurrent networks chunks of
+        # data_chunk_length steps (the last one padded).
+        steps = cfg.env.num_envs * cfg.rollout_length
+        if cfg.model.recurrent != "none":
+            units = -(-steps // cfg.algo.data_chunk_length)
+            what = f"chunks of algo.data_chunk_length={cfg.algo.data_chunk_length} steps"
+        else:
+            units, what = steps, "samples"
+        if cfg.algo.num_minibatches > units:
+            raise ConfigError(
+                f"config field 'algo.num_minibatches' ({cfg.algo.num_minibatches}) exceeds the "
+                f"{units} {what} per update; lower it"
+            )
     if (
         isinstance(cfg.algo, AlgoConfig)
         and cfg.algo.death_masked_critic

@@ -299,11 +299,16 @@ class Trainer:
                 f"{self.env_steps:,}): {what}, because the env returned NaN or inf ({source}) "
                 f"in this iteration's rollout; {kept}. Fix the env's outputs"
             )
+        clip = (
+            ""
+            if getattr(self.cfg.algo, "max_grad_norm", 0) is not None
+            else " (or set max_grad_norm)"
+        )
+        then = "resume or start again" if self.last_checkpoint is not None else "start again"
         raise TrainingDiverged(
             f"{self.error_prefix}training diverged in update {self.iteration} "
-            f"(env step {self.env_steps:,}): "
-            f"{what}; {kept}. Lower the learning rates (or set max_grad_norm) and resume or "
-            "start again"
+            f"(env step {self.env_steps:,}): {what}; {kept}. Lower the learning rates{clip} "
+            f"and {then}"
         )
 
     def check_someone_alive(self) -> None:
@@ -930,6 +935,8 @@ _FIXED_ALGO_KEYS = (
     "algo.buffer_size",
     "algo.last_action",
     "algo.critic_input",
+    "algo.death_masked_critic",  # the critic's input width
+    "algo.value_norm",  # the critic's normaliser (PopArt's also rescales its output layer)
     "algo.critic_hidden",
     "algo.mixing_embed_dim",
     "algo.hypernet_layers",
@@ -1012,8 +1019,8 @@ def _check_resumable(saved: TrainConfig, cfg: TrainConfig) -> None:
             raise config_mod.ConfigError(
                 f"config field '{key}' cannot change when resuming ({old.get(key)!r} -> "
                 f"{new[key]!r}); the keys fixed on resume are seed, env.*, model.*, algo.name "
-                "and the algorithm's network and buffer sizes and optimiser. Start a new run "
-                "instead"
+                "and the algorithm's network and buffer sizes, critic input, value normaliser "
+                "and optimiser. Start a new run instead"
             )
 
 

@@ -223,6 +223,21 @@ def fused_adam(module: torch.nn.Module) -> bool | None:
     return True if ok else None
 
 
+def load_optimizer_state(opt: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """Load a checkpoint's optimiser state (Adam's moments and step counts, RMSprop's averages)
+    into ``opt``, keeping ``opt``'s own settings: the learning rates, ``eps``, weight decay and
+    implementation flags it was built with from this run's config. torch's ``load_state_dict``
+    would restore the saved ones too, so that a resume with lower learning rates (the advice
+    after a divergence) trained on at the old ones while config.yaml named the new. The flags
+    are set before loading, because torch places the step counters by them (on the
+    parameters' device for fused Adam)."""
+    groups = [
+        {**old, **{k: v for k, v in new.items() if k != "params"}}
+        for old, new in zip(saved["param_groups"], opt.param_groups, strict=True)
+    ]
+    opt.load_state_dict({**saved, "param_groups": groups})
+
+
 @dataclass
 class Optimizers:
     actor: torch.optim.Adam
@@ -253,13 +268,7 @@ class Optimizers:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for opt, saved in ((self.actor, state["actor"]), (self.critic, state["critic"])):
-            # A checkpoint carries its optimiser's implementation flags; this process's are
-            # kept (the same update either way: a saved unfused Adam resumes fused). They are
-            # set before loading, because torch places the step counters by the loaded flags
-            # (on the parameters' device for fused Adam).
-            flags = [g.get("fused") for g in opt.param_groups]
-            groups = [{**g, "fused": f} for g, f in zip(saved["param_groups"], flags, strict=True)]
-            opt.load_state_dict({**saved, "param_groups": groups})
+            load_optimizer_state(opt, saved)
 
     def set_lr_fraction(self, fraction: float, cfg: AlgoConfig) -> None:
         """Linear learning-rate decay: ``lr = fraction * initial lr``."""
@@ -464,7 +473,8 @@ def update(
             batches_of_epoch: list[Tensor | None] = [None]
         else:
             order = torch.randperm(M, generator=generator).to(samples.starts.device)
-            batches_of_epoch = list(order.chunk(cfg.num_minibatches))
+            # exactly num_minibatches (chunk gives fewer where they do not divide M)
+            batches_of_epoch = list(order.tensor_split(cfg.num_minibatches))
         for idx in batches_of_epoch:
             if step_fn is not None:
                 terms = step_fn(loss, slots, _normalized_batch(policy, samples, idx), *hyper)

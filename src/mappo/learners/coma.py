@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from mappo.algos.coma import actor_loss, coma_advantage, final_step_mask
-from mappo.algos.mappo import grad_norm
+from mappo.algos.mappo import grad_norm, load_optimizer_state
 from mappo.algos.returns import lambda_targets
 from mappo.algos.value import epsilon_at, make_optimizer
 from mappo.config import ComaConfig, TrainConfig
@@ -165,8 +165,8 @@ class ComaLearner:
     def load_state_dict(self, state: dict[str, Any], iteration: int) -> None:
         self.policy.load_state_dict(state["policy"])
         self.target_critic.load_state_dict(state["target_critic"])
-        self.actor_optim.load_state_dict(state["optim"]["actor"])
-        self.critic_optim.load_state_dict(state["optim"]["critic"])
+        load_optimizer_state(self.actor_optim, state["optim"]["actor"])
+        load_optimizer_state(self.critic_optim, state["optim"]["critic"])
         self.act_gen.set_state(state["rng"]["act"])
         self.critic_steps = int(state["critic_steps"])
         self.last_target_update = int(state["last_target_update"])

@@ -42,7 +42,14 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
 from mappo.acting import Acted
-from mappo.algos.mappo import GroupSamples, Optimizers, Samples, loss_terms, make_samples
+from mappo.algos.mappo import (
+    GroupSamples,
+    Optimizers,
+    Samples,
+    load_optimizer_state,
+    loss_terms,
+    make_samples,
+)
 from mappo.compiled import (
     MAX_COMPILED_CHUNK,
     compile_fn,
@@ -777,7 +784,7 @@ class StackedPPOLearner:
                 chunks: list[Tensor | None] = [None]
             else:
                 orders = torch.stack([torch.randperm(M, generator=g) for g in self.shuffle_gens])
-                chunks = list(orders.to(self.device).chunk(a.num_minibatches, dim=1))
+                chunks = list(orders.to(self.device).tensor_split(a.num_minibatches, dim=1))
             for idx in chunks:
                 batch = _select(samples, idx)
                 for k, policy in enumerate(self.policies):
@@ -884,11 +891,7 @@ class StackedPPOLearner:
                     )
                     for name, value in saved[0]["state"][i].items()
                 }
-            flags = [g.get("fused") for g in opt.param_groups]
-            groups = [
-                {**g, "fused": f} for g, f in zip(saved[0]["param_groups"], flags, strict=True)
-            ]
-            opt.load_state_dict({"state": stacked, "param_groups": groups})
+            load_optimizer_state(opt, {"state": stacked, "param_groups": saved[0]["param_groups"]})
         c = self.collector
         steps_: list[EnvStep] = []
         for k, state in enumerate(states):

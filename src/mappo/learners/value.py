@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from mappo.algos.mappo import load_optimizer_state
 from mappo.algos.value import epsilon_at, make_optimizer, update
 from mappo.config import TrainConfig, ValueConfig
 from mappo.envs.base import BatchedEnv
@@ -117,7 +118,7 @@ class ValueLearner:
     def load_state_dict(self, state: dict[str, Any], iteration: int) -> None:
         self.policy.load_state_dict(state["policy"])
         self.target.load_state_dict(state["target"])
-        self.optim.load_state_dict(state["optim"])
+        load_optimizer_state(self.optim, state["optim"])
         if self.reward_norm is not None and state["reward_norm"] is not None:
             self.reward_norm.load_state_dict(state["reward_norm"])
         self.act_gen.set_state(state["rng"]["act"])
