@@ -202,6 +202,31 @@ CASES = [
         "'model.recurrent' cannot change when resuming",
     ),
     Case(
+        "resume-value-norm",
+        _resume("total_env_steps=600", "algo.value_norm=none"),
+        "'algo.value_norm' cannot change when resuming",
+    ),
+    Case(
+        "resume-death-masked-critic",
+        _resume("total_env_steps=600", "algo.death_masked_critic=true"),
+        "'algo.death_masked_critic' cannot change when resuming",
+    ),
+    Case(
+        "minibatches-over-chunks",
+        _train("algo.num_minibatches=5", "algo.data_chunk_length=100", "rollout_length=100"),
+        "'algo.num_minibatches' (5) exceeds the 4 chunks of algo.data_chunk_length=100 steps",
+    ),
+    Case(
+        "eval-seed-huge",
+        _eval("--seed", "99999999999999999999999"),
+        "argument --seed: must be a whole number from 0 to 2**63 - 1",
+    ),
+    Case(
+        "bench-env-late-typo",
+        lambda c: ["bench", "env", "--envs", "mpe/simple_spread", "mpe/nope", "--seconds", "0.1"],
+        "unknown environment 'mpe/nope'",
+    ),
+    Case(
         "resume-env-name",
         _resume("total_env_steps=600", "env.name=mpe/simple_reference"),
         "'env.name' cannot change when resuming",
@@ -339,7 +364,11 @@ CASES = [
         lambda c: ["train", "mpe/simple_spread_qmix", "algo.buffer_size=2"],
         "must hold at least one iteration's episodes",
     ),
-    Case("minibatches", _train("algo.num_minibatches=100000"), "exceeds the samples per update"),
+    Case(
+        "minibatches",
+        _train("algo.num_minibatches=100000"),
+        "exceeds the 10 chunks of algo.data_chunk_length=10 steps per update",
+    ),
     Case(
         "epsilon-exponential-to-zero",
         lambda c: (

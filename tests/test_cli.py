@@ -62,6 +62,21 @@ def test_eval_with_gif(trained, tmp_path, capsys):
     assert gif.stat().st_size > 1000
 
 
+def test_a_sampled_eval_repeats_with_its_seed_and_its_gif_samples_too(trained, tmp_path, capsys):
+    def sampled(seed: int, gif: Path) -> float:
+        argv = ["eval", str(trained), "--episodes", "4", "--sample", "--seed", str(seed)]
+        code, out, _ = _run(capsys, *argv, "--gif", str(gif), "--json")
+        assert code == 0
+        return json.loads(out)["eval_return_mean"]
+
+    first, again = sampled(7, tmp_path / "a.gif"), sampled(7, tmp_path / "b.gif")
+    assert first == again and (tmp_path / "a.gif").read_bytes() == (tmp_path / "b.gif").read_bytes()
+    code, _, _ = _run(capsys, "eval", str(trained), "--episodes", "1", "--seed", "7", "--gif",
+                      str(tmp_path / "greedy.gif"))  # fmt: skip
+    assert code == 0  # the GIF plays the way the evaluation played, not greedily
+    assert (tmp_path / "greedy.gif").read_bytes() != (tmp_path / "a.gif").read_bytes()
+
+
 def test_eval_a_checkpoint_file(trained, capsys):
     ckpt = sorted((trained / "checkpoints").glob("*.pt"))[-1]
     code, out, _ = _run(capsys, "eval", str(ckpt), "--episodes", "2")
@@ -212,6 +227,11 @@ def test_eval_scripted_writes_a_gif_of_one_episode(capsys, tmp_path):
         capsys, "eval", "smac/3m", "--scripted", "--episodes", "2", "--gif", str(gif)
     )
     assert code == 0 and "frames to" in out and gif.stat().st_size > 0
+    # A GIF path that cannot be written is refused before the evaluation, not after it.
+    code, out, err = _run(
+        capsys, "eval", "smac/3m", "--scripted", "--episodes", "2", "--gif", str(gif) + ".png"
+    )
+    assert code == 2 and out == "" and "--gif must name a .gif file" in err
 
 
 def test_render_random_episode(tmp_path, capsys):

@@ -39,6 +39,16 @@ def test_run_env_bench_without_pettingzoo() -> None:
     assert "x reference" not in format_table(rows)
 
 
+def test_only_particle_worlds_are_compared_with_mpe2() -> None:
+    # The combat simulator (or VMAS) has no reference row: no ratio, and no mpe2 row timed.
+    rows = run_env_bench(("smac/3m",), (2,), seconds=0.02, include_pettingzoo=True)
+    assert [r["env"] for r in rows] == ["smac/3m"]
+    rows += [{"env": "mpe2", "num_envs": 1, "steps_per_second": 10.0, "device": "cpu"}]
+    rows += [{"env": "mpe/simple_spread", "num_envs": 1, "steps_per_second": 20.0, "device": "cpu"}]
+    smac, _, spread = (line.split() for line in format_table(rows).splitlines()[2:])
+    assert len(smac) == 4 and spread[-1] == "2.0"
+
+
 def test_hanabi_is_compared_with_open_spiel() -> None:
     """A Hanabi row gets OpenSpiel's game of the same player count as its reference (the mpe2
     row is left out when no particle env is measured)."""

@@ -86,6 +86,22 @@ def test_save_gif(tmp_path: Path) -> None:
         save_gif([np.zeros((4, 4), dtype=np.uint8)], tmp_path / "bad.gif")
 
 
+def test_an_interrupted_gif_write_leaves_the_file_that_was_there(tmp_path: Path, monkeypatch):
+    frames = record_episode(make("mpe/simple_spread", num_envs=1), num_steps=2)
+    path = save_gif(frames, tmp_path / "episode.gif")
+    before = path.read_bytes()
+
+    def interrupted(self, fp, *args, **kwargs):
+        fp.write(b"GIF89a")  # the start of a file, then Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Image.Image, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_gif(frames, path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["episode.gif"]  # no partial file left
+
+
 # -- envs that cannot render -------------------------------------------------------------------
 class _RendersNothing(MatchEnv):
     """A toy env whose render returns ``None`` (as a Gymnasium env without a render mode does)."""

@@ -41,19 +41,25 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"mappo: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _int_at_least(low: int, what: str) -> Callable[[str], int]:
-    """An argparse type: a whole number >= ``low``, refused as ``must be <what>``."""
+def _int_at_least(low: int, what: str, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``low`` (and <= ``high``), refused as ``must be
+    <what>``."""
 
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}") from None
-        if value < low:
+        if value < low or (high is not None and value > high):
             raise argparse.ArgumentTypeError(f"must be {what}, got {value}")
         return value
 
     return parse
+
+
+_SEED = _int_at_least(0, "a whole number from 0 to 2**63 - 1", 2**63 - 1)
+"""``--seed`` of eval and render: what torch's generators take (a training run's evaluations
+are seeded above its own seed, which is at most 2**32 - 1)."""
 
 
 _positive_int = _int_at_least(1, "a positive integer")  # a count of episodes or steps
@@ -189,6 +195,8 @@ def cmd_eval_scripted(args: argparse.Namespace) -> int:
         raise config_mod.ConfigError(
             f"--scripted plays the env's default parameters; leave out {' '.join(args.kwargs)}"
         )
+    if args.gif:
+        _check_gif_path(args.gif)  # before the evaluation, which may take long
     if args.path.startswith("hanabi/"):
         from mappo.envs.hanabi.scripted import evaluate_scripted as hanabi_scripted
         from mappo.envs.hanabi.scripted import scripted_moves
@@ -227,7 +235,6 @@ def cmd_eval_scripted(args: argparse.Namespace) -> int:
     if args.gif:
         from mappo.envs.rendering import record_episode, save_gif
 
-        _check_gif_path(args.gif)
         with make(task, num_envs=1, device=args.device, seed=args.seed) as single:
             single.validate_actions = False
             frames = record_episode(single, lambda step: act(single, step))
@@ -315,17 +322,38 @@ def _eval_saved(args: argparse.Namespace) -> int:
         )
         with env:
             _check_same_spec(policy.spec, env, cfg.env.name, args.path, given)
-            result = evaluate(policy.model, env, seed=args.seed, deterministic=not args.sample)
+            result = evaluate(
+                policy.model,
+                env,
+                seed=args.seed,
+                deterministic=not args.sample,
+                generator=_sampling(args, env.device),
+            )
         result = {"task": cfg.env.name, "algo": cfg.algo_name, **result}
         # The evaluation is printed first: a GIF that cannot be written does not lose it.
         _print_result(result, args.json)
         if single is not None:
             policy.reset()
-            frames = record_episode(single, lambda step: policy.act(step), seed=args.seed)
+            gen = _sampling(args, single.device)  # the GIF plays as the evaluation did
+            frames = record_episode(
+                single,
+                lambda step: policy.act(step, deterministic=not args.sample, generator=gen),
+                seed=args.seed,
+            )
             save_gif(frames, args.gif)
             if not args.json:
                 print(f"wrote {len(frames)} frames to {args.gif}")
     return 0
+
+
+def _sampling(args: argparse.Namespace, device: Any) -> Any:
+    """With ``--sample``, a ``torch.Generator`` on ``device`` seeded from ``--seed`` (sampled
+    evaluations repeat); ``None`` for greedy ones, which draw nothing."""
+    if not args.sample:
+        return None
+    import torch
+
+    return torch.Generator(device=device).manual_seed(args.seed)
 
 
 def _env_parameters(
@@ -440,8 +468,11 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_bench_env(args: argparse.Namespace) -> int:
     from mappo.bench.env import format_table, run_env_bench
+    from mappo.envs.registry import check_name
 
     config_mod.check_device(args.device)
+    for name in args.envs:  # every name before any timing (a late typo lost the rows before it)
+        check_name(name)
     rows: list[dict[str, Any]] = []
     try:
         run_env_bench(
@@ -664,7 +695,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--episodes", type=_positive_int, default=32, help="evaluation episodes (default 32)"
     )
     e.add_argument(
-        "--seed", type=int, default=12345, help="seed of the evaluation's envs (default 12345)"
+        "--seed", type=_SEED, default=12345, help="seed of the evaluation's envs (default 12345)"
     )
     e.add_argument("--device", default="cpu")
     e.add_argument("--sample", action="store_true", help="sample actions instead of greedy")
@@ -685,7 +716,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("kwargs", nargs="*", help="environment KEY=VALUE parameters")
     r.add_argument("--gif", type=Path, required=True)
     r.add_argument("--steps", type=_positive_int, default=None, help="steps (default: one episode)")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=_SEED, default=0)
     _add_import(r)
     r.set_defaults(func=cmd_render)
 
@@ -767,7 +798,7 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = b.add_subparsers(dest="bench", required=True, parser_class=_Parser)
     be = bsub.add_parser("env", help="environment steps per second")
     be.add_argument("--envs", nargs="+", default=["mpe/simple_spread"])
-    be.add_argument("--num-envs", nargs="+", type=int, default=[1, 128, 1024, 4096])
+    be.add_argument("--num-envs", nargs="+", type=_positive_int, default=[1, 128, 1024, 4096])
     be.add_argument("--seconds", type=_positive_float, default=2.0, help="timing per row")
     be.add_argument("--device", default="cpu")
     be.add_argument("--no-pettingzoo", action="store_true", help="skip the mpe2 reference row")

@@ -340,7 +340,7 @@ def run_env_bench(
                             "state_diff": diff,
                         }
                     )
-        if include_pettingzoo and any(not n.startswith("hanabi/") for n in env_names):
+        if include_pettingzoo and any(n.startswith(_PARTICLE_PREFIXES) for n in env_names):
             sps = bench_pettingzoo_mpe(seconds)
             rows.append({"env": "mpe2", "num_envs": 1, "steps_per_second": sps, "device": "cpu"})
         hanabi = sorted({n for n in env_names if n.startswith("hanabi/full-")})
@@ -361,12 +361,17 @@ def run_env_bench(
     return rows
 
 
-def _reference_of(env: str) -> str:
-    """The reference row an env's speed is compared with."""
+_PARTICLE_PREFIXES = ("mpe/", "pettingzoo/", "mpe2")
+"""Envs compared with mpe2's Spread: the particle world's, ours and through the adapter."""
+
+
+def _reference_of(env: str) -> str | None:
+    """The reference row an env's speed is compared with (``None``: none, as for the combat
+    simulator or VMAS, which no reference row simulates)."""
     env = env.removesuffix(" compiled").split(" (")[0]
     if env.startswith("hanabi/full-") or env.startswith("open_spiel:hanabi-"):
         return "open_spiel:hanabi-" + env.rsplit("-", 1)[-1]
-    return "mpe2"
+    return "mpe2" if env.startswith(_PARTICLE_PREFIXES) else None
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:

@@ -8,6 +8,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -164,11 +165,21 @@ def save_gif(frames: Sequence[np.ndarray], path: str | Path, fps: float = 10) ->
         images.append(Image.fromarray(array))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    images[0].save(
-        path,
-        save_all=True,
-        append_images=images[1:],
-        duration=max(1, round(1000 / fps)),
-        loop=0,
-    )
+    # Written beside the target and renamed over it: an interrupt or a full disk leaves the
+    # file that was there, never a truncated GIF in its place.
+    partial = path.with_name(path.name + ".part")
+    try:
+        with partial.open("wb") as out:
+            images[0].save(
+                out,
+                format="GIF",
+                save_all=True,
+                append_images=images[1:],
+                duration=max(1, round(1000 / fps)),
+                loop=0,
+            )
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     return path
