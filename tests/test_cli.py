@@ -217,6 +217,12 @@ def test_eval_scripted_baseline(capsys):
     # named as a trained run's evaluation, so that the two compare line by line
     assert result["eval_episodes"] == 4 and result["eval_return_mean"] > 0
     assert "win_rate" not in result and "mean_return" not in result
+    assert list(result)[2:5] == ["eval_return_mean", "eval_return_std", "eval_episodes"]
+    code, out, _ = _run(
+        capsys, "eval", "hanabi/small-2p", "--scripted", "--episodes", "4", "--json"
+    )
+    hanabi = json.loads(out)  # the return (the score, or 0 on losing) as a trained run has it
+    assert list(hanabi)[2:5] == ["eval_return_mean", "eval_return_std", "eval_episodes"]
     code, _, err = _run(capsys, "eval", "smac/3q", "--scripted")
     assert code == 2 and "unknown SMAC map '3q'" in err
 
@@ -237,7 +243,10 @@ def test_eval_scripted_writes_a_gif_of_one_episode(capsys, tmp_path):
 def test_render_random_episode(tmp_path, capsys):
     gif = tmp_path / "spread.gif"
     code, out, _ = _run(capsys, "render", "mpe/simple_spread", "--gif", str(gif), "--steps", "5")
-    assert code == 0 and gif.exists()
+    assert code == 0 and gif.exists() and out.strip().endswith("spread.gif")
+    # --steps past the end of the 25-step episode: the GIF stops there, and says so
+    code, out, _ = _run(capsys, "render", "mpe/simple_spread", "--gif", str(gif), "--steps", "100")
+    assert code == 0 and "(the episode ended after 25 of the --steps 100)" in out
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -339,3 +348,15 @@ def test_a_full_disk_at_the_first_checkpoint_does_not_promise_a_resume(tmp_path)
     (folder / "iter_00000001.pt").write_bytes(b"")
     later = OSError(errno.ENOSPC, "No space left on device", str(folder / "iter_00000002.pt"))
     assert _os_error(later).endswith("those written before are intact: free space and resume")
+
+
+def test_out_of_memory_names_what_the_command_can_lower():
+    from argparse import Namespace
+
+    from mappo.cli import _memory_fix
+
+    render = Namespace(command="render", kwargs=["num_agents=1000000"])
+    assert _memory_fix(render) == "lower the env parameters given (num_agents=1000000)"
+    evaluation = Namespace(command="eval", kwargs=["num_agents=9"], episodes=1)
+    assert _memory_fix(evaluation) == "lower --episodes or the env parameters given (num_agents=9)"
+    assert _memory_fix(Namespace(command="eval", kwargs=[])) == "lower --episodes"

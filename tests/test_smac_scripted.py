@@ -44,6 +44,7 @@ def test_evaluation_is_reproducible() -> None:
         "episodes",
         "win_rate",
         "mean_return",
+        "std_return",
         "mean_length",
         "battle_won",
         "allies_killed",
@@ -51,7 +52,7 @@ def test_evaluation_is_reproducible() -> None:
         "damage_dealt",
     }
     assert a["episodes"] == 24 and 0.0 <= a["win_rate"] <= 1.0
-    assert 0.0 < a["mean_return"] <= 20.0 + 1e-4
+    assert 0.0 < a["mean_return"] <= 20.0 + 1e-4 and 0.0 <= a["std_return"] <= 10.0 + 1e-4
     assert 0.0 <= a["enemies_killed"] <= 3.0 and 0.0 <= a["allies_killed"] <= 3.0
     assert a["mean_length"] <= 60
     with pytest.raises(ValueError, match="episodes"):

@@ -247,11 +247,17 @@ def cmd_eval_scripted(args: argparse.Namespace) -> int:
 def _as_evaluation(result: dict[str, float], episodes: int) -> dict[str, float]:
     """A scripted player's results under the names a trained run's evaluation prints
     (``eval_return_mean``, ``eval_battle_won``, ...), so that the two compare line by line."""
-    names = {"mean_return": "return_mean", "mean_length": "episode_length"}
-    out = {"eval_episodes": float(episodes)}
+    names = {
+        "mean_return": "return_mean",
+        "std_return": "return_std",
+        "mean_length": "episode_length",
+    }
+    out = {}
     for key, value in result.items():
         if key not in ("episodes", "win_rate"):  # win_rate repeats battle_won
             out[f"eval_{names.get(key, key)}"] = value
+        if key == "std_return":  # in the order a trained run's evaluation prints them
+            out["eval_episodes"] = float(episodes)
     return out
 
 
@@ -440,7 +446,10 @@ def cmd_render(args: argparse.Namespace) -> int:
     with make(args.env, num_envs=1, seed=args.seed, **kwargs) as env:
         frames = record_episode(env, None, num_steps=args.steps)
     save_gif(frames, args.gif)
-    print(f"wrote {len(frames)} frames to {args.gif}")
+    # N steps draw N + 1 states; fewer frames mean the episode ended first
+    ended = args.steps is not None and len(frames) <= args.steps
+    note = f" (the episode ended after {len(frames)} of the --steps {args.steps})" if ended else ""
+    print(f"wrote {len(frames)} frames to {args.gif}{note}")
     return 0
 
 
@@ -715,7 +724,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("env", help="environment name, e.g. mpe/simple_spread")
     r.add_argument("kwargs", nargs="*", help="environment KEY=VALUE parameters")
     r.add_argument("--gif", type=Path, required=True)
-    r.add_argument("--steps", type=_positive_int, default=None, help="steps (default: one episode)")
+    r.add_argument(
+        "--steps",
+        type=_positive_int,
+        default=None,
+        help="stop after this many steps, or where the episode ends if sooner (default: the "
+        "whole episode; one episode at most)",
+    )
     r.add_argument("--seed", type=_SEED, default=0)
     _add_import(r)
     r.set_defaults(func=cmd_render)
@@ -894,8 +909,14 @@ def _memory_fix(args: argparse.Namespace) -> str:
     """What to lower when ``args``' command ran out of memory."""
     if args.command == "bench" and getattr(args, "num_envs", None) is not None:
         return "lower --num-envs"
+    given = getattr(args, "kwargs", None)  # env parameters of eval and render (num_agents=...)
+    params = f" or the env parameters given ({' '.join(given)})" if given else ""
     if args.command == "eval":
-        return "lower --episodes"
+        return f"lower --episodes{params}"
+    if args.command == "render":
+        return (
+            f"lower the env parameters given ({' '.join(given)})" if given else "draw a smaller env"
+        )
     return "lower env.num_envs or eval_episodes"
 
 

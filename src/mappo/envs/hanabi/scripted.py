@@ -85,8 +85,9 @@ def evaluate_scripted(
     name: str, episodes: int = 100, seed: int = 0, device: str | torch.device = "cpu"
 ) -> dict[str, float]:
     """Play ``episodes`` games of ``hanabi/<variant>`` (one per env) with the rule-based player.
-    Returns the means of the env's episode statistics (score, share of perfect games, lives
-    lost, game length, moves by kind)."""
+    Returns the mean and standard deviation of the episode return (the shared reward summed: the
+    score, or 0 where the last life is lost) and the means of the env's episode statistics
+    (score, share of perfect games, lives lost, game length, moves by kind)."""
     if episodes < 1:
         raise ValueError(f"episodes must be a positive integer, got {episodes!r}")
     env = make(name, num_envs=episodes, device=device, seed=seed)
@@ -94,13 +95,19 @@ def evaluate_scripted(
     env.reset(seed)
     totals = {k: torch.zeros((), device=env.device) for k in env.spec.stat_names}
     counted = torch.zeros(episodes, dtype=torch.bool, device=env.device)
+    returns = torch.zeros(episodes, device=env.device)
     while not bool(counted.all()):
         moves = scripted_moves(env)
         acts = moves[:, None, None].expand(episodes, env.rules.players, 1)
         env.validate_actions = False  # only the player to act's move is read
         step = env.step({"players": acts})
+        returns += step.reward["players"][:, 0] * ~counted
         first = step.done & ~counted
         for k in totals:
             totals[k] += (step.stats[k] * first).sum()
         counted |= step.done
-    return {k: float(v) / episodes for k, v in totals.items()}
+    return {
+        "mean_return": float(returns.mean()),
+        "std_return": float(returns.std(unbiased=False)),
+        **{k: float(v) / episodes for k, v in totals.items()},
+    }

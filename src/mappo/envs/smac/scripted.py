@@ -10,6 +10,8 @@ SMAC's maps reward), and behaves as above when it can attack none.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -92,8 +94,8 @@ def evaluate_scripted(
 
     Each of the ``num_envs`` envs (default: one per episode) contributes its first episodes, as
     evenly as possible, so short episodes are not over-counted. Returns the win rate, the mean
-    episode return (of one agent; all agents share the team reward), the mean episode length
-    and the mean of every episode statistic.
+    episode return (of one agent; all agents share the team reward) and its standard deviation,
+    the mean episode length and the mean of every episode statistic.
     """
     if episodes < 1:
         raise ValueError(f"episodes must be a positive integer, got {episodes!r}")
@@ -106,7 +108,8 @@ def evaluate_scripted(
     finished = torch.zeros(num_envs, dtype=torch.int64, device=dev)
     ep_return = torch.zeros(num_envs, device=dev)
     ep_length = torch.zeros(num_envs, device=dev)
-    totals = {k: torch.zeros((), device=dev) for k in (*env.spec.stat_names, "return", "length")}
+    names = (*env.spec.stat_names, "return", "return_sq", "length")
+    totals = {k: torch.zeros((), device=dev) for k in names}
     step = env.reset(seed)
     while bool((finished < quota).any()):
         step = env.step(scripted_actions(env, step, focus=focus))
@@ -116,6 +119,7 @@ def evaluate_scripted(
         for k in env.spec.stat_names:
             totals[k] += (step.stats[k] * count).sum()
         totals["return"] += (ep_return * count).sum()
+        totals["return_sq"] += (ep_return.square() * count).sum()
         totals["length"] += (ep_length * count).sum()
         finished += step.done.long()
         ep_return = torch.where(step.done, torch.zeros_like(ep_return), ep_return)
@@ -125,6 +129,7 @@ def evaluate_scripted(
         "episodes": float(episodes),
         "win_rate": out["battle_won"],
         "mean_return": out["return"],
+        "std_return": math.sqrt(max(out["return_sq"] - out["return"] ** 2, 0.0)),
         "mean_length": out["length"],
         **{k: out[k] for k in env.spec.stat_names},
     }
