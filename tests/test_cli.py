@@ -59,6 +59,7 @@ def test_eval_with_gif(trained, tmp_path, capsys):
     assert code == 0
     result = json.loads(out)
     assert result["eval_episodes"] == 3 and "eval_occupied_landmarks" in result
+    assert result["trained_env_steps"] == 300  # which checkpoint was evaluated
     assert gif.stat().st_size > 1000
 
 

@@ -30,12 +30,22 @@ class Policy:
     """
 
     def __init__(
-        self, policy: Acting, spec: EnvSpec, cfg: config_mod.TrainConfig, device: torch.device
+        self,
+        policy: Acting,
+        spec: EnvSpec,
+        cfg: config_mod.TrainConfig,
+        device: torch.device,
+        checkpoint: Path | None = None,
+        env_steps: int | None = None,
     ) -> None:
         self.model = policy.eval()
         self.spec = spec
         self.config = cfg
         self.device = device
+        self.checkpoint = checkpoint
+        """The checkpoint file the policy was loaded from (``None``: built in this process)."""
+        self.env_steps = env_steps
+        """The env steps its run had trained when the checkpoint was saved, where known."""
         self._states: dict[str, Tensor] | None = None
 
     def reset(self) -> None:
@@ -236,4 +246,6 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Policy:
     except RuntimeError as err:  # missing or misshapen tensors
         first = str(err).strip().splitlines()[-1].strip()
         raise CheckpointError(f"'{path}' does not match its own config: {first}") from None
-    return Policy(model.to(dev), spec, cfg, dev)
+    progress = ckpt.get("progress")
+    steps = progress.get("env_steps") if isinstance(progress, dict) else None
+    return Policy(model.to(dev), spec, cfg, dev, checkpoint=path, env_steps=steps)

@@ -173,9 +173,10 @@ def _print_result(result: dict, as_json: bool) -> None:
 
 
 def _number(key: str, value: Any) -> str:
-    """A result's value as printed: a count of episodes as a whole number, other floats to
-    three decimals."""
-    if isinstance(value, float) and key.endswith("episodes") and value.is_integer():
+    """A result's value as printed: a count of episodes or steps as a whole number, other
+    floats to three decimals."""
+    counts = key.endswith(("episodes", "env_steps"))
+    if isinstance(value, float) and counts and value.is_integer():
         return str(int(value))
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
@@ -336,6 +337,8 @@ def _eval_saved(args: argparse.Namespace) -> int:
                 generator=_sampling(args, env.device),
             )
         result = {"task": cfg.env.name, "algo": cfg.algo_name, **result}
+        if policy.env_steps is not None:  # which checkpoint: a run may still be training
+            result["trained_env_steps"] = float(policy.env_steps)
         # The evaluation is printed first: a GIF that cannot be written does not lose it.
         _print_result(result, args.json)
         if single is not None:
