@@ -146,6 +146,8 @@ class _Broken(MatchEnv):
             out.stats = {}
         elif self.fault == "stat_shape":
             out.stats = {**out.stats, "accuracy": out.stats["accuracy"][:2]}
+        elif self.fault == "agent_terminated_missing":
+            self.agent_terminations = True  # promised, but the step has none
         return out
 
 
@@ -162,6 +164,7 @@ class _Broken(MatchEnv):
         ("mask_none", "action_mask\\['agents'\\] allows no action for alive agent 0 of env 0"),
         ("stat_missing", "stats has no 'accuracy', which spec.stat_names lists; return it from"),
         ("stat_shape", "stats\\['accuracy'\\] has shape \\[2\\], the spec asks for \\[4\\]"),
+        ("agent_terminated_missing", "agent_terminated has no 'agents', which the env's"),
     ],
 )
 def test_a_users_env_is_checked_on_its_first_outputs(fault, message):

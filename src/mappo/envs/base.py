@@ -450,6 +450,13 @@ def check_output(env: BatchedEnv, step: Any, method: str = "step") -> None:
             tensor(
                 f"agent_state['{g}']", step.agent_state[g], (e, n, *gs.agent_state_shape), floats
             )
+        if env.agent_terminations and method == "step":
+            if g not in step.agent_terminated:
+                raise EnvError(
+                    f"{name}: agent_terminated has no '{g}', which the env's "
+                    "agent_terminations=True promises from every step"
+                )
+            tensor(f"agent_terminated['{g}']", step.agent_terminated[g], (e, n), {torch.bool})
         if not gs.has_action_mask:
             continue
         if g not in step.action_mask:
