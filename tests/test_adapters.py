@@ -822,3 +822,14 @@ def test_spaces_that_raise_are_one_line() -> None:
         "bad: the environment's observation_space() or action_space() for agent 'agent_0' "
         "raised KeyError: 'no space for agent_0'"
     )
+
+
+def test_terminations_at_the_episode_limit_are_the_truncation() -> None:
+    # LBF and RWARE end at their limit by terminating every agent: with truncate_at_limit the
+    # episode is truncated, and no agent's own termination may undo its bootstrap.
+    leave = {"agent_0": 3, "agent_1": 3}
+    env = PettingZooAdapter(tiny(leave=leave), num_envs=1, num_workers=0, episode_limit=3)
+    env.reset()
+    for _ in range(3):
+        out = env.step({"agent": torch.ones(1, 2, dtype=torch.int64)})
+    assert bool(out.truncated) and not out.agent_terminated["agent"].any()

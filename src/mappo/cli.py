@@ -343,7 +343,7 @@ def _eval_saved(args: argparse.Namespace) -> int:
         _print_result(result, args.json)
         if single is not None:
             policy.reset()
-            gen = _sampling(args, single.device)  # the GIF plays as the evaluation did
+            gen = _sampling(args, single.device)  # sampled (and repeatable) where it was
             frames = record_episode(
                 single,
                 lambda step: policy.act(step, deterministic=not args.sample, generator=gen),

@@ -361,8 +361,8 @@ def run_env_bench(
     return rows
 
 
-_PARTICLE_PREFIXES = ("mpe/", "pettingzoo/", "mpe2")
-"""Envs compared with mpe2's Spread: the particle world's, ours and through the adapter."""
+_PARTICLE_PREFIXES = ("mpe/", "pettingzoo:mpe2", "mpe2")
+"""Envs compared with mpe2's Spread: the particle world's, ours and mpe2's through the adapter."""
 
 
 def _reference_of(env: str) -> str | None:

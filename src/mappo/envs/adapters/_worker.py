@@ -471,11 +471,11 @@ class EnvRunner:
         slots = self.slots
         for li, env in enumerate(self.envs):
             self.current = self.lo + li
+            self.method = "step"
             joint = {}
             for agent in env.agents:
                 slot = slots.get(agent) or self._slot(li, agent)
                 joint[agent] = slot.env_action(actions[slot.group][li][slot.index])
-            self.method = "step"
             obs, rewards, terms, truncs, infos = env.step(joint)
             self._after_step(li, env, joint, obs, rewards, terms, truncs, infos)
         self.current = None
@@ -485,6 +485,7 @@ class EnvRunner:
     def render(self, index: int) -> np.ndarray | None:
         """Copy ``index`` (of the whole batch) drawn by its env's ``render()``: ``[H, W, 3]``
         uint8, or ``None`` where the env returns nothing."""
+        self.method = "render"
         frame = self.envs[index - self.lo].render()
         if frame is None:
             return None
@@ -571,6 +572,9 @@ class EnvRunner:
         # a truncation (Pardo et al. 2018, "Time Limits in Reinforcement Learning").
         if at_limit and (live or self.truncate_at_limit):
             truncated = True
+            # the agents' terminations on this step are the env's way of ending at its limit
+            for g in self.groups:
+                self.agent_terminated[g][li] = False
         else:
             truncated = any(bool(v) for v in truncs.values())
         self.terminated[li] = not truncated
