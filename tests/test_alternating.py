@@ -60,7 +60,7 @@ def test_a_tiny_comparison_runs_end_to_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     module = load("alternating")
-    small = "env.num_envs=2 rollout_length=4 algo.epochs=1 progress=False"
+    small = "env.num_envs=2 rollout_length=4 algo.epochs=1 algo.data_chunk_length=2 progress=False"
     argv = ["alternating.py", "mpe/simple_spread", small, f"{small} algo.num_minibatches=2"]
     argv += ["--rounds", "2", "--iterations", "1", "--warmup", "1", "--threads", "1", "--json"]
     monkeypatch.setattr(sys, "argv", argv)

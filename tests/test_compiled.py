@@ -356,9 +356,10 @@ def test_an_unfused_adam_checkpoint_resumes_fused():
     cfg = config_mod.load("mpe/simple_spread_jaxmarl_ff", {"env.num_envs": 4})
     trainer = Trainer(cfg)
     policy = trainer.policy
+    a = cfg.algo  # (the settings come from the config, the moments from the checkpoint)
     plain = Optimizers(
-        torch.optim.Adam(policy.actors.parameters(), lr=1e-3),
-        torch.optim.Adam(policy.critics.parameters(), lr=1e-3),
+        torch.optim.Adam(policy.actors.parameters(), lr=a.actor_lr, eps=a.adam_eps),
+        torch.optim.Adam(policy.critics.parameters(), lr=a.critic_lr, eps=a.adam_eps),
     )
     for p in policy.parameters():
         p.grad = torch.ones_like(p)

@@ -159,6 +159,73 @@ def test_saved_config_round_trips(tmp_path) -> None:
     C.save(cfg, tmp_path / "config.yaml")
     again = C.load(str(tmp_path / "config.yaml"))
     assert C.to_dict(again) == C.to_dict(cfg)
+    # Strings that read as numbers are written quoted (a run named "1e3" reads back its name).
+    cfg = C.load("mpe/simple_spread", ['name="1e3"', 'env.kwargs.tag="1e-3"', 'env.kwargs.z="010"'])
+    C.save(cfg, tmp_path / "config.yaml")
+    again = C.load(str(tmp_path / "config.yaml"))
+    assert again.name == "1e3" and again.env.kwargs == {"tag": "1e-3", "z": "010"}
+
+
+def test_every_preset_s_saved_config_trains_again(tmp_path) -> None:
+    # A run's config.yaml is a config of its own (mappo train RUN/config.yaml seed=2): it names
+    # every key, which the check of the user's unread settings must not take for settings.
+    for name in C.list_presets():
+        cfg = C.load(name)
+        C.save(cfg, tmp_path / "config.yaml")
+        again = C.load(str(tmp_path / "config.yaml"), ["seed=2"])
+        assert C.to_dict(again) == {**C.to_dict(cfg), "seed": 2}, name
+
+
+def test_a_setting_a_users_file_makes_that_the_run_never_reads_is_refused(tmp_path) -> None:
+    path = tmp_path / "mine.yaml"
+    path.write_text("base: mpe/simple_spread_qmix\nalgo:\n  n_step: 5\n")
+    with pytest.raises(C.ConfigError, match=r"'algo.n_step' is read with .* \(in .*mine.yaml\)"):
+        C.load(str(path))
+    path.write_text("base: mpe/simple_spread\nalgo:\n  name: qmix\n")  # its defaults are fine
+    assert C.load(str(path)).algo.name == "qmix"
+    path.write_text("base: mpe/simple_spread_fast\nmodel:\n  recurrent: none\n")
+    assert C.load(str(path)).model.recurrent == "none"  # (the preset's chunk length is not)
+
+
+def test_a_base_path_is_read_beside_the_file_that_names_it(tmp_path, monkeypatch) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.yaml").write_text("base: mpe/simple_spread_fast\nalgo:\n  clip: 0.1\n")
+    (tmp_path / "sub" / "a.yaml").write_text("base: mpe/simple_spread_fast\nalgo:\n  clip: 0.3\n")
+    (tmp_path / "sub" / "c.yaml").write_text("base: a.yaml\n")
+    (tmp_path / "sub" / "d.yaml").write_text("base: ../a.yaml\n")
+    monkeypatch.chdir(tmp_path)  # where a same-named file would have been read instead
+    assert C.load("sub/c.yaml").algo.clip == 0.3 and C.load("sub/d.yaml").algo.clip == 0.1
+
+
+def test_a_file_that_changes_the_env_of_a_saved_run_is_not_that_run_s_preset(tmp_path) -> None:
+    C.save(C.load("mpe/simple_spread"), tmp_path / "config.yaml")
+    path = tmp_path / "ref.yaml"
+    path.write_text(f"base: {tmp_path / 'config.yaml'}\nenv:\n  name: mpe/simple_reference\n")
+    assert C.load(str(path)).preset == ""
+    assert C.load(str(tmp_path / "config.yaml")).preset == "mpe/simple_spread"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algo.value_loss=mse", "algo.huber_delta=2"], "'algo.huber_delta' is the Huber loss's"),
+        (["algo.clip_value_loss=false", "algo.value_clip=0.1"], "'algo.value_clip' clips the"),
+        (["model.recurrent=none", "algo.data_chunk_length=5"], "'algo.data_chunk_length' cuts"),
+    ],
+)
+def test_mappo_settings_that_another_setting_leaves_unread_are_refused(overrides, message):
+    with pytest.raises(C.ConfigError, match=message):
+        C.load("mpe/simple_spread", overrides)
+    assert C.load("mpe/simple_spread", overrides[1:])  # read where the other one is not given
+
+
+def test_integers_read_as_decimal_even_zero_padded() -> None:
+    # YAML 1.1 read 010 as octal 8 (zero-padded seeds repeated) and 1:00 as 60.
+    cfg = C.load("mpe/simple_spread", ["seed=010", "model.hidden_sizes=[064, 064]"])
+    assert cfg.seed == 10 and cfg.model.hidden_sizes == [64, 64]
+    assert [C.yaml_value(t) for t in ("008", "0x1f", "0o17", "-5", "1_000", "1:00")] == [
+        8, 31, 15, -5, 1000, "1:00"
+    ]  # fmt: skip
 
 
 def test_describe_keys_documents_every_field() -> None:

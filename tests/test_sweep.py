@@ -612,3 +612,22 @@ def test_a_sweeps_shared_overrides_may_go_unread_by_some_trials(tmp_path):
     assert len(spec.trials) == 2
     with pytest.raises(C.ConfigError, match="'algo.n_step' is read with algo.targets=n_step"):
         C.load("smac/3m_qmix", ["algo.n_step=5"])
+
+
+def test_a_setting_no_trial_reads_is_refused(tmp_path):
+    # Two trials that differ in name only would read as "n_step makes no difference".
+    body = "presets: [smac/3m_qmix]\nseeds: [1]\ngrid: {algo.n_step: [3, 7]}\n"
+    with pytest.raises(S.SweepError, match="no trial reads 'algo.n_step': config field"):
+        S.load_spec(str(_write_spec(tmp_path, body)), tmp_path / "sw")
+
+
+def test_a_spec_s_preset_files_are_read_beside_it(tmp_path, monkeypatch):
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "exp.yaml").write_text(
+        "base: mpe/simple_spread_fast\nalgo:\n  clip: 0.1\n"
+    )
+    spec_path = tmp_path / "proj" / "spec.yaml"
+    spec_path.write_text("presets: [exp.yaml]\nseeds: [1]\n")
+    monkeypatch.chdir(tmp_path)  # not the spec's folder
+    spec = S.load_spec(str(spec_path), tmp_path / "sw")
+    assert spec.trials[0].preset == str((tmp_path / "proj" / "exp.yaml").resolve())

@@ -767,7 +767,19 @@ class _Loader(yaml.SafeLoader):
     ``'5e-1'``). YAML 1.2 and most YAML readers take them as floats."""
 
 
+# YAML 1.1's integers include octal (``010`` is 8) and base 60 (``1:00`` is 60): a zero-padded
+# seed (``seq -w``) or a hidden size read so was another number without a word. Configs read
+# integers as YAML 1.2 does: decimal (leading zeros allowed), or 0x / 0o / 0b prefixed.
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:int"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
 _Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+|0b[01_]+)$"),
+    list("-+0123456789"),
+)
+_Loader.add_implicit_resolver(  # (the floats without a dot, see _Loader)
     "tag:yaml.org,2002:float",
     re.compile(
         r"^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+"
@@ -775,6 +787,19 @@ _Loader.add_implicit_resolver(
     ),
     list("-+0123456789."),
 )
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    text = loader.construct_scalar(node).replace("_", "")
+    sign = -1 if text.startswith("-") else 1
+    text = text.lstrip("+-")
+    for prefix, base in (("0x", 16), ("0o", 8), ("0b", 2)):
+        if text.startswith(prefix):
+            return sign * int(text[2:], base)
+    return sign * int(text, 10)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 def yaml_value(text: str) -> Any:
@@ -840,8 +865,15 @@ def _preset_path(name: str) -> Path:
     return path
 
 
-def _load_layers(source: str, seen: tuple[str, ...] = ()) -> list[tuple[str, dict[str, Any]]]:
+def _load_layers(
+    source: str, seen: tuple[str, ...] = (), folder: Path | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """The layers of ``source`` (a preset name or a YAML path), its ``base`` chain first. A
+    relative path named by a file's ``base`` is read from that file's ``folder`` (where the
+    file is, wherever the command runs), or else from the working folder."""
     path = Path(source)
+    if folder is not None and not path.is_absolute() and (folder / path).is_file():
+        path = folder / path
     if source.endswith((".yaml", ".yml")) or path.is_file():
         if path.is_dir():
             raise ConfigError(f"config file '{source}' is a directory; name a YAML file")
@@ -857,7 +889,7 @@ def _load_layers(source: str, seen: tuple[str, ...] = ()) -> list[tuple[str, dic
     if base is not None:
         if not isinstance(base, str):
             raise ConfigError(f"'base' in '{path}' must be a preset name or a YAML path")
-        layers += _load_layers(base, seen + (str(path.resolve()),))
+        layers += _load_layers(base, seen + (str(path.resolve()),), path.parent)
     layers.append((str(path), data))
     return layers
 
@@ -877,12 +909,21 @@ def load(
     it only the keyword arguments that layer names, not those before it (:func:`_apply_layer`)."""
     cfg = TrainConfig()
     named = False  # whether a layer has named the env (the default's name holds no kwargs)
+    # The keys each of the user's own files changes (a shipped preset's are the library's).
+    changed_by_file: list[tuple[str, set[str]]] = []
     if source:
+        presets = PRESET_DIR.resolve()
         for where, data in _load_layers(source):
+            before = _flatten(to_dict(cfg))
+            env_before = cfg.env.name
             try:
                 named = _apply_layer(cfg, data, named)
             except ConfigError as err:
                 raise ConfigError(f"{err} (in {where})") from None
+            if cfg.env.name != env_before and "preset" not in data:
+                cfg.preset = ""  # another env than its base's preset (a saved run's, say)
+            if not Path(where).resolve().is_relative_to(presets):
+                changed_by_file.append((where, _changed(cfg, before, data)))
         if not source.endswith((".yaml", ".yml")) and not Path(source).is_file():
             cfg.preset = source
     env_name = cfg.env.name
@@ -891,11 +932,27 @@ def load(
     if cfg.env.name != env_name:  # a preset used as a template for another env is not that task
         cfg.preset = ""
     if refuse_unread:
-        _refuse_unread(cfg, _given_keys(values, cfg))
+        _refuse_unread(cfg, given_keys(values, cfg))
+        for where, keys in changed_by_file:
+            _refuse_unread(cfg, keys, where)
     return cfg
 
 
-def _given_keys(values: dict[str, Any], cfg: TrainConfig) -> set[str]:
+def _changed(cfg: TrainConfig, before: dict[str, Any], values: dict[str, Any]) -> set[str]:
+    """The keys that a file's ``values``, applied to a config whose flat form was ``before``,
+    set to another value than that config held (or, for a key of another algorithm family
+    than before, than that family's default). A saved ``config.yaml`` names every key; only
+    those it changes are the user's settings."""
+    after = _flatten(to_dict(cfg))
+    defaults = _flatten({"algo": to_dict(type(cfg.algo)())})
+    return {
+        key
+        for key in given_keys(values, cfg)
+        if key in after and after[key] != before.get(key, defaults.get(key))
+    }
+
+
+def given_keys(values: dict[str, Any], cfg: TrainConfig) -> set[str]:
     """The dotted keys that ``values`` (a layer, applied to ``cfg``) set."""
     given = set()
     for key in _flatten(values):
@@ -917,39 +974,59 @@ _MAPPO_ONLY = {
 }
 
 
-def _refuse_unread(cfg: TrainConfig, given: set[str]) -> None:
-    """Refuse a key the command line sets that the config then never reads (QMIX's n-step
-    length with one-step targets, RMSprop's alpha with Adam): the run would train as if it
-    were not there, while its folder and reports list it as a difference."""
+def unread(cfg: TrainConfig, given: set[str]) -> list[tuple[str, str]]:
+    """The keys of ``given`` that ``cfg`` never reads (QMIX's n-step length with one-step
+    targets, RMSprop's alpha with Adam, the Huber loss's delta with another loss), each with a
+    sentence saying why and what to do: ``[(key, "config field '<key>' ...")]``."""
     algo = cfg.algo
+    out: list[tuple[str, str]] = []
     if cfg.family != "ppo":
         for key, why in _MAPPO_ONLY.items():
             if key in given:
-                raise ConfigError(
-                    f"config field '{key}' is read by algo.name=mappo only: {algo.name} {why}; "
-                    "drop it"
-                )
-    unread: list[tuple[str, str]] = []
+                out.append((key, f"is read by algo.name=mappo only: {algo.name} {why}; drop it"))
     if isinstance(algo, ValueConfig):
         for key in ("n_step", "td_lambda"):
             if f"algo.{key}" in given and algo.targets != key:
-                unread.append(
-                    (key, f"is read with algo.targets={key} only, and algo.targets is "
+                out.append(
+                    (f"algo.{key}", f"is read with algo.targets={key} only, and algo.targets is "
                      f"{algo.targets!r}; set algo.targets={key} or drop it")
                 )  # fmt: skip
         if "algo.target_update_interval" in given and algo.target_tau is not None:
-            unread.append(
-                ("target_update_interval", f"times hard target copies, which "
+            out.append(
+                ("algo.target_update_interval", f"times hard target copies, which "
                  f"algo.target_tau={algo.target_tau} replaces by soft updates; drop one of them")
             )  # fmt: skip
     if "algo.optim_alpha" in given and getattr(algo, "optimizer", "adam") != "rmsprop":
-        unread.append(
-            ("optim_alpha", f"is RMSprop's smoothing constant, but algo.optimizer is "
+        out.append(
+            ("algo.optim_alpha", f"is RMSprop's smoothing constant, but algo.optimizer is "
              f"{algo.optimizer!r}; set algo.optimizer=rmsprop or drop it")
         )  # fmt: skip
-    if unread:
-        key, why = unread[0]
-        raise ConfigError(f"config field 'algo.{key}' {why}")
+    if isinstance(algo, AlgoConfig):
+        if "algo.huber_delta" in given and algo.value_loss != "huber":
+            out.append(
+                ("algo.huber_delta", f"is the Huber loss's delta, but algo.value_loss is "
+                 f"{algo.value_loss!r}; set algo.value_loss=huber or drop it")
+            )  # fmt: skip
+        if "algo.value_clip" in given and not algo.clip_value_loss:
+            out.append(
+                ("algo.value_clip", "clips the value loss, which algo.clip_value_loss=false "
+                 "turns off; set algo.clip_value_loss=true or drop it")
+            )  # fmt: skip
+        if "algo.data_chunk_length" in given and cfg.model.recurrent == "none":
+            out.append(
+                ("algo.data_chunk_length", "cuts recurrent networks' training into chunks, "
+                 "and model.recurrent is 'none'; drop it")
+            )  # fmt: skip
+    return [(key, f"config field '{key}' {why}") for key, why in out]
+
+
+def _refuse_unread(cfg: TrainConfig, given: set[str], where: str = "") -> None:
+    """Refuse a key that the user set (on the command line, or in a YAML file of their own)
+    that the config then never reads (:func:`unread`): the run would train as if it were not
+    there, while its folder and reports list it as a difference."""
+    problems = unread(cfg, given)
+    if problems:
+        raise ConfigError(problems[0][1] + (f" (in {where})" if where else ""))
 
 
 # Schemes whose envs run through the worker adapters, which take the adapter's options.
@@ -966,7 +1043,7 @@ def _apply_layer(cfg: TrainConfig, values: dict[str, Any], named: bool) -> bool:
     report. Returns whether an env has been named now."""
     before = cfg.env.name
     apply(cfg, values)
-    given = _given_keys(values, cfg)
+    given = given_keys(values, cfg)
     if not named or env_family(cfg.env.name) == env_family(before) or "env.kwargs" in given:
         return named or "env.name" in given  # ("env.kwargs" given: all are this layer's)
     options: frozenset[str] = frozenset()
@@ -1013,8 +1090,23 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
     return apply(TrainConfig(), data, saved=True)
 
 
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, quoting the strings that :class:`_Loader` reads as numbers
+    (``'1e-3'``, which YAML 1.1 takes for a string and writes bare), so that a saved config
+    reads back to the same values."""
+
+
+_Dumper.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+|[-+]?\.[0-9_]+[eE][-+]?[0-9]+)$"
+    ),
+    list("-+0123456789."),
+)
+
+
 def save(cfg: TrainConfig, path: Path) -> None:
-    path.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    path.write_text(yaml.dump(to_dict(cfg), Dumper=_Dumper, sort_keys=False))
 
 
 def describe_keys() -> str:

@@ -214,11 +214,18 @@ def load_spec(source: str, sweep_dir: str | Path | None = None) -> SweepSpec:
 def _expand(spec: SweepSpec, root: Path, path: Path) -> list[Trial]:
     trials: list[Trial] = []
     keys = list(spec.grid)
+    # The sweep's own keys that no trial reads (n_step under one-step targets): its trials
+    # would differ in name only, and a report would show the setting as making no difference.
+    unread: dict[str, str] | None = None
     for preset in spec.presets:
         preset_dir = preset
         if preset.endswith((".yaml", ".yml")) or Path(preset).is_file():
-            # Trials may run in another folder (a Ray worker): keep the file's absolute path.
-            preset_dir, preset = Path(preset).stem, str(Path(preset).resolve())
+            # A relative path is read from the spec's folder where the file is there (else from
+            # the working folder); trials may run in another folder (a Ray worker), so they get
+            # the file's absolute path.
+            beside = path.parent / preset
+            file = beside if not Path(preset).is_absolute() and beside.is_file() else Path(preset)
+            preset_dir, preset = file.stem, str(file.resolve())
         for values in itertools.product(*(spec.grid[k] for k in keys)):
             point = dict(zip(keys, values, strict=True))
             point_dir = ",".join(f"{k}={_label(v)}" for k, v in point.items()) or "default"
@@ -234,6 +241,9 @@ def _expand(spec: SweepSpec, root: Path, path: Path) -> list[Trial]:
                     cfg = config_mod.load(preset, overrides, refuse_unread=False)
                 except config_mod.ConfigError as err:
                     raise SweepError(f"trial {trial_id} of '{path}': {err}") from None
+                own = config_mod.given_keys({**spec.overrides, **point}, cfg)
+                here = dict(config_mod.unread(cfg, own))
+                unread = here if unread is None else {k: unread[k] for k in unread if k in here}
                 try:  # an env name's typo, before any trial trains
                     check_name(cfg.env.name)
                 except EnvError as err:
@@ -258,6 +268,9 @@ def _expand(spec: SweepSpec, root: Path, path: Path) -> list[Trial]:
                         cfg.family,
                     )
                 )
+    if unread:
+        key, why = next(iter(unread.items()))
+        raise SweepError(f"'{path}': no trial reads '{key}': {why}")
     return trials
 
 
