@@ -210,7 +210,6 @@ def test_a_file_that_changes_the_env_of_a_saved_run_is_not_that_run_s_preset(tmp
     [
         (["algo.value_loss=mse", "algo.huber_delta=2"], "'algo.huber_delta' is the Huber loss's"),
         (["algo.clip_value_loss=false", "algo.value_clip=0.1"], "'algo.value_clip' clips the"),
-        (["model.recurrent=none", "algo.data_chunk_length=5"], "'algo.data_chunk_length' cuts"),
     ],
 )
 def test_mappo_settings_that_another_setting_leaves_unread_are_refused(overrides, message):

@@ -1012,11 +1012,6 @@ def unread(cfg: TrainConfig, given: set[str]) -> list[tuple[str, str]]:
                 ("algo.value_clip", "clips the value loss, which algo.clip_value_loss=false "
                  "turns off; set algo.clip_value_loss=true or drop it")
             )  # fmt: skip
-        if "algo.data_chunk_length" in given and cfg.model.recurrent == "none":
-            out.append(
-                ("algo.data_chunk_length", "cuts recurrent networks' training into chunks, "
-                 "and model.recurrent is 'none'; drop it")
-            )  # fmt: skip
     return [(key, f"config field '{key}' {why}") for key, why in out]
 
 
