@@ -363,3 +363,12 @@ def test_report_keeps_a_configuration_that_has_not_evaluated_yet(tmp_path, capsy
     assert main(["report", str(tmp_path), "--metric", RETURN]) == 0
     out, err = capsys.readouterr()
     assert "| smac/3m_fast mappo | 0 |" in out and "have no" in err and "does not log" not in err
+
+
+def test_the_paper_figure_stands_only_beside_the_preset_s_own_settings(tmp_path):
+    _fake_run(tmp_path, 1, [(100, -130.0)], preset="mpe/simple_spread", total_env_steps=1000)
+    _fake_run(tmp_path, 1, [(100, -150.0)], preset="mpe/simple_spread", **{"algo.clip": 0.1})
+    rows = report_rows(group_runs(find_runs([tmp_path])), RETURN)
+    papers = {row.configuration: row.paper for row in rows}
+    assert papers["mpe/simple_spread rmappo algo.clip=0.2"].startswith("-117.3 training return")
+    assert papers["mpe/simple_spread rmappo algo.clip=0.1"] == ""  # not the paper's settings

@@ -23,13 +23,16 @@ from typing import Any
 
 import numpy as np
 
+from mappo import config as config_mod
 from mappo.experiments.runs import (
     WIN_RATE,
     Configuration,
     ResultsError,
     RunRecord,
+    _items,
     check_metric,
     default_metric,
+    full_config,
     not_evaluated,
     with_values,
 )
@@ -106,6 +109,13 @@ def _mean(values: list[float]) -> float:
     return sum(finite) / len(finite) if finite else math.nan
 
 
+def _has_preset_settings(config: dict[str, Any], preset: str) -> bool:
+    """Whether a run's flat ``config`` has ``preset``'s settings, apart from bookkeeping keys
+    (seed, budget, intervals): where the paper's figure for the preset applies."""
+    own = full_config(config_mod.to_dict(config_mod.load(preset)))
+    return _items(config) == _items(own)
+
+
 def report_rows(
     configs: list[Configuration],
     metric: str | None = None,
@@ -140,8 +150,10 @@ def report_rows(
             if hit is not None:
                 reached.append(hit)
         interval = bootstrap(finals, "iqm", seed=seed) if finals else None
-        preset = conf.runs[0].config.get("preset") or ""
-        paper, source = PAPER.get(str(preset), ("", ""))
+        preset = str(conf.runs[0].config.get("preset") or "")
+        paper, source = PAPER.get(preset, ("", ""))
+        if paper and not _has_preset_settings(conf.runs[0].config, preset):
+            paper = source = ""  # (algo.name=qmix over the paper's preset is not its settings)
         rows.append(
             ReportRow(
                 configuration=conf.label,
