@@ -263,3 +263,12 @@ def test_numbers_with_an_exponent_are_numbers_everywhere(tmp_path):
         "e5",
         "1.2.3",
     ]
+
+
+def test_a_files_env_kwargs_merge_with_its_base_s(tmp_path) -> None:
+    # As the file's other sections do: the feed-forward preset keeps its time feature.
+    path = tmp_path / "four.yaml"
+    path.write_text("base: mpe/simple_spread_ff_fast\nenv:\n  kwargs:\n    num_agents: 4\n")
+    assert C.load(str(path)).env.kwargs == {"time_feature": True, "num_agents": 4}
+    path.write_text("base: mpe/simple_spread_ff_fast\nenv.kwargs: {num_agents: 4}\n")
+    assert C.load(str(path)).env.kwargs == {"num_agents": 4}  # dotted: replaces them all

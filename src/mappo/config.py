@@ -914,6 +914,7 @@ def load(
     if source:
         presets = PRESET_DIR.resolve()
         for where, data in _load_layers(source):
+            data = _kwargs_one_by_one(data)
             before = _flatten(to_dict(cfg))
             env_before = cfg.env.name
             try:
@@ -936,6 +937,20 @@ def load(
         for where, keys in changed_by_file:
             _refuse_unread(cfg, keys, where)
     return cfg
+
+
+def _kwargs_one_by_one(data: dict[str, Any]) -> dict[str, Any]:
+    """A file's ``env: {kwargs: {...}}`` as one ``env.kwargs.NAME`` key per argument: each
+    replaces its own, and its base's others stay, as the file's other sections merge with
+    its base (a derived file dropped the feed-forward preset's time feature). ``env.kwargs:``
+    written dotted still replaces them all, as ``env.kwargs={...}`` does on the command line."""
+    env = data.get("env")
+    if not (isinstance(env, dict) and isinstance(env.get("kwargs"), dict)):
+        return data
+    kwargs = env["kwargs"]
+    out = {**data, "env": {k: v for k, v in env.items() if k != "kwargs"}}
+    out.update({f"{_KWARGS_PREFIX}{name}": value for name, value in kwargs.items()})
+    return out
 
 
 def _changed(cfg: TrainConfig, before: dict[str, Any], values: dict[str, Any]) -> set[str]:
