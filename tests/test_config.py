@@ -272,3 +272,15 @@ def test_a_files_env_kwargs_merge_with_its_base_s(tmp_path) -> None:
     assert C.load(str(path)).env.kwargs == {"time_feature": True, "num_agents": 4}
     path.write_text("base: mpe/simple_spread_ff_fast\nenv.kwargs: {num_agents: 4}\n")
     assert C.load(str(path)).env.kwargs == {"num_agents": 4}  # dotted: replaces them all
+
+
+def test_one_key_under_two_spellings_is_refused(tmp_path) -> None:
+    path = tmp_path / "two.yaml"
+    path.write_text("base: mpe/simple_spread_fast\nalgo:\n  clip: 0.1\nalgo.clip: 0.3\n")
+    with pytest.raises(C.ConfigError, match=r"'algo.clip' is set twice; keep one \(in "):
+        C.load(str(path))
+    path.write_text("base: mpe/simple_spread_fast\nclip: 0.3\nalgo:\n  clip: 0.1\n")
+    with pytest.raises(C.ConfigError, match=r"'algo.clip' is set twice \(as 'clip' and 'algo"):
+        C.load(str(path))
+    with pytest.raises(C.ConfigError, match="set twice"):
+        C.load("mpe/simple_spread_fast", ["clip=0.1", "algo.clip=0.3"])

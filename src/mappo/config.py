@@ -542,7 +542,13 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     for k, v in data.items():
         key = prefix + str(k)
         if isinstance(v, dict) and key in _SECTIONS:
-            out.update(_flatten(v, key + "."))
+            inner = _flatten(v, key + ".")
+            twice = next((k for k in inner if k in out), None)
+            if twice is not None:  # (`algo: {clip: ...}` beside `algo.clip:`)
+                raise ConfigError(f"'{twice}' is set twice; keep one")
+            out.update(inner)
+        elif key in out:
+            raise ConfigError(f"'{key}' is set twice; keep one")
         elif key in _SECTIONS:
             raise ConfigError(
                 f"config key '{key}' must be a mapping of {key}.* keys "
@@ -563,6 +569,7 @@ def apply(cfg: TrainConfig, values: dict[str, Any], saved: bool = False) -> Trai
     preset's kwargs stay unless replaced as a whole through ``env.kwargs``). ``algo.name`` is
     applied first: a different family replaces the algo section with that family's defaults."""
     flat = _flatten(values)
+    _refuse_twice(flat, cfg)
     if "algo.name" in flat:
         name = _coerce("algo.name", flat.pop("algo.name"), cfg)
         if not isinstance(cfg.algo, ALGO_CLASSES[name]):
@@ -587,6 +594,23 @@ def apply(cfg: TrainConfig, values: dict[str, Any], saved: bool = False) -> Trai
         setattr(target, last, value)
     check(cfg, saved)
     return cfg
+
+
+def _refuse_twice(flat: dict[str, Any], cfg: TrainConfig) -> None:
+    """Refuse one key set twice under two spellings in one layer (``algo: {clip: ...}`` and
+    ``algo.clip:`` in a file, ``clip=`` and ``algo.clip=`` on a command line): one of the two
+    values would be dropped without a word."""
+    seen: dict[str, str] = {}
+    for raw in flat:
+        if raw.startswith(_KWARGS_PREFIX):
+            continue
+        try:
+            key = resolve_key(raw, cfg)
+        except ConfigError:
+            continue  # (apply names the unknown key)
+        if key in seen:
+            raise ConfigError(f"'{key}' is set twice (as '{seen[key]}' and '{raw}'); keep one")
+        seen[key] = raw
 
 
 _RUN_OWNED_KWARGS = {"num_envs": "env.num_envs", "seed": "seed", "device": "device"}
