@@ -372,3 +372,12 @@ def test_the_paper_figure_stands_only_beside_the_preset_s_own_settings(tmp_path)
     papers = {row.configuration: row.paper for row in rows}
     assert papers["mpe/simple_spread rmappo algo.clip=0.2"].startswith("-117.3 training return")
     assert papers["mpe/simple_spread rmappo algo.clip=0.1"] == ""  # not the paper's settings
+
+
+def test_a_yaml_file_s_run_with_a_preset_s_settings_is_a_seed_of_it(tmp_path):
+    _fake_run(tmp_path, 1, [(100, -130.0)], **{"algo.clip": 0.1})
+    mine = _fake_run(tmp_path / "yaml", 2, [(100, -140.0)], **{"algo.clip": 0.1})
+    config = yaml.safe_load((mine / "config.yaml").read_text())
+    (mine / "config.yaml").write_text(yaml.safe_dump({**config, "preset": ""}, sort_keys=False))
+    (conf,) = group_runs(find_runs([tmp_path]))
+    assert conf.label == "mpe/simple_spread_fast rmappo" and len(conf.runs) == 2

@@ -224,8 +224,15 @@ def group_runs(runs: list[RunRecord]) -> list[Configuration]:
     """
     groups: dict[tuple, Configuration] = {}
     for run in runs:
-        key = (run.source, run.algo, *_items(run.config))
-        groups.setdefault(key, Configuration(label="", key=key)).runs.append(run)
+        # Not keyed by the preset (bookkeeping): a YAML file's run with a preset's settings is
+        # a seed of that preset's configuration, labelled by the preset where a run names one.
+        key = (run.algo, *_items(run.config))
+        conf = groups.get(key)
+        if conf is None:
+            conf = groups[key] = Configuration(label="", key=(run.source, *key))
+        elif run.config.get("preset") and not any(r.config.get("preset") for r in conf.runs):
+            conf.key = (run.source, *key)
+        conf.runs.append(run)
     configs = list(groups.values())
     for conf in configs:
         siblings = [c for c in configs if c.key[:2] == conf.key[:2]]
