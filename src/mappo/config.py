@@ -798,19 +798,12 @@ _Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:int"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:int",
-    re.compile(r"^(?:[-+]?[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+|0b[01_]+)$"),
-    list("-+0123456789"),
+_INT = re.compile(r"^(?:[-+]?[0-9][0-9_]*|0x[0-9a-fA-F_]+|0o[0-7_]+|0b[01_]+)$")
+_EXPONENT_FLOAT = re.compile(  # the floats without a dot (see _Loader)
+    r"^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+|[-+]?\.[0-9_]+[eE][-+]?[0-9]+)$"
 )
-_Loader.add_implicit_resolver(  # (the floats without a dot, see _Loader)
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+"
-        r"|[-+]?\.[0-9_]+[eE][-+]?[0-9]+)$"
-    ),
-    list("-+0123456789."),
-)
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
 
 
 def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
@@ -1126,17 +1119,12 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
 
 class _Dumper(yaml.SafeDumper):
     """PyYAML's safe dumper, quoting the strings that :class:`_Loader` reads as numbers
-    (``'1e-3'``, which YAML 1.1 takes for a string and writes bare), so that a saved config
-    reads back to the same values."""
+    (``'1e-3'`` or ``'0o17'``, which YAML 1.1 takes for strings and writes bare), so that a
+    saved config reads back to the same values."""
 
 
-_Dumper.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+|[-+]?\.[0-9_]+[eE][-+]?[0-9]+)$"
-    ),
-    list("-+0123456789."),
-)
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
+_Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
 
 
 def save(cfg: TrainConfig, path: Path) -> None:
