@@ -284,3 +284,22 @@ def test_one_key_under_two_spellings_is_refused(tmp_path) -> None:
         C.load(str(path))
     with pytest.raises(C.ConfigError, match="set twice"):
         C.load("mpe/simple_spread_fast", ["clip=0.1", "algo.clip=0.3"])
+
+
+def test_an_empty_file_a_shared_base_and_an_algorithm_as_label_are_refused(tmp_path) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# only a comment\n")
+    with pytest.raises(C.ConfigError, match="sets nothing; give it a 'base: <preset>'"):
+        C.load(str(empty))
+    alias = tmp_path / "alias.yaml"
+    alias.write_text("base: mpe/simple_spread_fast\n")  # a file that only names its base is fine
+    assert C.load(str(alias)).env.name == "mpe/simple_spread"
+    with pytest.raises(C.ConfigError, match="'_pymarl' is a base shared by presets"):
+        C.load("_pymarl")
+    derived = tmp_path / "derived.yaml"
+    derived.write_text("base: _pymarl\nenv:\n  name: mpe/simple_spread\n")
+    assert C.load(str(derived)).algo.name == "qmix"  # as a base it still serves
+    with pytest.raises(C.ConfigError, match="to train qmix set algo.name=qmix"):
+        C.check(C.load("mpe/simple_spread_fast", ["name=qmix"]))
+    C.check(C.load("mpe/simple_spread_fast", ["name=mappo"]))
+    C.check(C.load("mpe/simple_spread_fast", ["name=my_mappo"]))

@@ -743,6 +743,12 @@ def check(cfg: TrainConfig, saved: bool = False) -> None:
             f"config field 'name' must be a plain label (letters, digits, '_', '-', '.', '+'), "
             f"got {cfg.name!r}; it names a folder inside run_dir, so no '/' or '..'"
         )
+    if cfg.name in ALGO_NAMES and cfg.name != cfg.algo.name:
+        # 'name' only labels the run directory; a user who wrote name=qmix meant the algorithm.
+        raise ConfigError(
+            f"config field 'name' labels the run directory, so name={cfg.name} would label a "
+            f"{cfg.algo.name} run as {cfg.name}; to train {cfg.name} set algo.name={cfg.name}"
+        )
 
 
 # A run-directory label: one path component that stays inside run_dir.
@@ -901,6 +907,12 @@ def _load_layers(
     if str(path.resolve()) in seen:
         raise ConfigError(f"config '{source}' includes itself through 'base'")
     data = _read_yaml(path)
+    if not data and not path.resolve().is_relative_to(PRESET_DIR.resolve()):
+        # An empty file would train the defaults under the file's name without a word.
+        raise ConfigError(
+            f"config file '{source}' sets nothing; give it a 'base: <preset>' line (such as "
+            "base: mpe/simple_spread) and the keys it changes"
+        )
     layers: list[tuple[str, dict[str, Any]]] = []
     base = data.pop("base", None)
     if base is not None:
@@ -924,6 +936,12 @@ def load(
     the run is no longer the preset's (``preset`` is cleared). A layer (a YAML file over its
     ``base``, or the overrides) that names an env of another family (:func:`env_family`) gives
     it only the keyword arguments that layer names, not those before it (:func:`_apply_layer`)."""
+    if source and Path(source).name.startswith("_") and not Path(source).is_file():
+        # Files starting with '_' hold settings shared by presets; they name no env of their own.
+        raise ConfigError(
+            f"'{source}' is a base shared by presets, not a preset; name a preset "
+            "(`mappo list` shows them) or give it as 'base:' in your own YAML file"
+        )
     cfg = TrainConfig()
     named = False  # whether a layer has named the env (the default's name holds no kwargs)
     # The keys each of the user's own files changes (a shipped preset's are the library's).

@@ -29,11 +29,11 @@ from mappo.experiments.runs import (
     Configuration,
     ResultsError,
     RunRecord,
-    _items,
     check_metric,
     default_metric,
     full_config,
     not_evaluated,
+    setting_items,
     with_values,
 )
 from mappo.experiments.stats import bootstrap
@@ -113,7 +113,7 @@ def _has_preset_settings(config: dict[str, Any], preset: str) -> bool:
     """Whether a run's flat ``config`` has ``preset``'s settings, apart from bookkeeping keys
     (seed, budget, intervals): where the paper's figure for the preset applies."""
     own = full_config(config_mod.to_dict(config_mod.load(preset)))
-    return _items(config) == _items(own)
+    return setting_items(config) == setting_items(own)
 
 
 def report_rows(

@@ -201,7 +201,7 @@ def _value_text(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (list, dict)) else str(value)
 
 
-def _items(config: dict[str, Any]) -> list[tuple[str, str]]:
+def setting_items(config: dict[str, Any]) -> list[tuple[str, str]]:
     """A flattened config's ``(key, value text)`` pairs without bookkeeping keys, with a dict
     value (an env's ``env.kwargs``) spread into one pair per entry, so that configurations that
     differ in one keyword argument are labelled by it (``env.kwargs.time_feature=True``)."""
@@ -226,7 +226,7 @@ def group_runs(runs: list[RunRecord]) -> list[Configuration]:
     for run in runs:
         # Not keyed by the preset (bookkeeping): a YAML file's run with a preset's settings is
         # a seed of that preset's configuration, labelled by the preset where a run names one.
-        key = (run.algo, *_items(run.config))
+        key = (run.algo, *setting_items(run.config))
         conf = groups.get(key)
         if conf is None:
             conf = groups[key] = Configuration(label="", key=(run.source, *key))
