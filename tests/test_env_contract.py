@@ -148,6 +148,11 @@ class _Broken(MatchEnv):
             out.stats = {**out.stats, "accuracy": out.stats["accuracy"][:2]}
         elif self.fault == "agent_terminated_missing":
             self.agent_terminations = True  # promised, but the step has none
+        elif self.fault == "mask_undeclared":
+            import dataclasses
+
+            group = dataclasses.replace(self.spec.groups["agents"], has_action_mask=False)
+            self.spec = dataclasses.replace(self.spec, groups={"agents": group})
         return out
 
 
@@ -165,6 +170,8 @@ class _Broken(MatchEnv):
         ("stat_missing", "stats has no 'accuracy', which spec.stat_names lists; return it from"),
         ("stat_shape", "stats\\['accuracy'\\] has shape \\[2\\], the spec asks for \\[4\\]"),
         ("agent_terminated_missing", "agent_terminated has no 'agents', which the env's"),
+        # sampled with the mask, the loss would score the actions without it
+        ("mask_undeclared", "action_mask has group 'agents', whose spec does not say has_act"),
     ],
 )
 def test_a_users_env_is_checked_on_its_first_outputs(fault, message):
@@ -204,6 +211,10 @@ def test_a_users_env_is_checked_on_its_first_outputs(fault, message):
             "stat_names must be a tuple of names, e.g. \\('hits',\\), got 'hits'",
         ),
         ({"groups": {}}, "groups must be a dict of at least one GroupSpec"),
+        ({"group_name": "red.team"}, "group name 'red.team' must be a non-empty name without"),
+        ({"group_name": ""}, "group name '' must be a non-empty name without '.'; rename"),
+        ({"agents": ("a", "a")}, "agent name 'a' appears twice in group 'agents'; give every"),
+        ({"second_group": ("agent_0",)}, "'agent_0' appears in groups 'agents' and 'more'"),
     ],
 )
 def test_a_users_spec_is_checked_when_the_env_is_made(change, message):
@@ -218,10 +229,40 @@ def test_a_users_spec_is_checked_when_the_env_is_made(change, message):
             super().__init__(*args, **kwargs)
             group = self.spec.groups["agents"]
             group_keys = {k: v for k, v in change.items() if k in ("obs_shape", "agents")}
-            groups = {"agents": dataclasses.replace(group, **group_keys)}
-            spec_keys = {k: v for k, v in change.items() if k not in group_keys}
+            groups = {change.get("group_name", "agents"): dataclasses.replace(group, **group_keys)}
+            if "second_group" in change:
+                groups["more"] = dataclasses.replace(group, agents=change["second_group"])
+            spec_keys = {
+                k: v
+                for k, v in change.items()
+                if k not in group_keys and k not in ("group_name", "second_group")
+            }
             self.spec = dataclasses.replace(self.spec, **{"groups": groups, **spec_keys})
 
     register("toy/slipped", Slipped)
     with pytest.raises(EnvError, match="^toy/match: spec: .*" + message):
         make("toy/slipped", num_envs=2)
+
+
+def test_a_subclass_reset_that_reworks_its_parent_s_is_checked_once() -> None:
+    """A subclass that adds a feature to ``super().reset()``'s observations is checked against
+    its own spec on the outer result only (the parent's intermediate was refused)."""
+    import dataclasses
+
+    class WithBias(MatchEnv):
+        def __init__(self, num_envs: int) -> None:
+            super().__init__(num_envs)
+            group = self.spec.groups["agents"]
+            wider = dataclasses.replace(group, obs_shape=(group.obs_shape[0] + 1,))
+            self.spec = dataclasses.replace(self.spec, groups={"agents": wider})
+
+        def reset(self, seed=None):  # noqa: ANN001, ANN201
+            step = super().reset(seed)
+            obs = step.obs["agents"]
+            return dataclasses.replace(
+                step, obs={"agents": torch.cat([obs, torch.ones_like(obs[..., :1])], -1)}
+            )
+
+    env = WithBias(3)
+    assert env.reset(seed=0).obs["agents"].shape == (3, 2, 6)
+    assert env.__dict__["_outputs_checked"] == 1  # the outer call's output alone

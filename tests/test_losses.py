@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mappo.algos.mappo import masked_mean, policy_loss, value_loss
+from mappo.algos.mappo import masked_mean, normalized_advantages, policy_loss, value_loss
 from mappo.config import AlgoConfig
 
 
@@ -53,3 +53,25 @@ def test_masked_mean_ignores_masked_entries() -> None:
     mask = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
     assert masked_mean(x, mask).item() == 2.0
     assert masked_mean(x, None).item() == x.mean().item()
+
+
+def test_advantages_are_normalised_per_group_or_per_agent_over_alive_steps() -> None:
+    """Statistics over alive steps; one set per call (a group's), or one per agent where the
+    agents have networks of their own: an agent whose advantages are 1000x another's leaves the
+    other's normalised advantages as they were (pooled, they shrank to almost nothing)."""
+    g = torch.Generator().manual_seed(0)
+    adv = torch.randn(5, 4, 2, generator=g)
+    alive = torch.ones(5, 4, 2, dtype=torch.bool)
+    alive[3:, :, 1] = False
+    out = normalized_advantages(adv, alive, per_agent=False)
+    kept = out[alive]
+    torch.testing.assert_close(kept.mean(), torch.tensor(0.0), atol=1e-6, rtol=0)
+    torch.testing.assert_close(kept.std(unbiased=False), torch.tensor(1.0), atol=1e-4, rtol=0)
+    scaled = adv.clone()
+    scaled[..., 1] *= 1000.0
+    per_agent = normalized_advantages(scaled, alive, per_agent=True)
+    alone = normalized_advantages(adv[..., :1], alive[..., :1], per_agent=False)
+    torch.testing.assert_close(per_agent[..., :1], alone)
+    for k in range(2):
+        col = per_agent[..., k][alive[..., k]]
+        torch.testing.assert_close(col.std(unbiased=False), torch.tensor(1.0), atol=1e-4, rtol=0)

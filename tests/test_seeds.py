@@ -379,3 +379,23 @@ def test_seeds_of_an_env_in_worker_processes_match_and_resume(tmp_path):
     together = resume_seeds([r.dir for r in first], {"total_env_steps": two})
     single = resume(alone, {"total_env_steps": two})
     assert _max_diff(together[0].policy.state_dict(), single.policy.state_dict()) < PARAM_TOL
+
+
+def test_a_seed_whose_folder_cannot_be_made_leaves_no_folders_and_resume_takes_no_num_seeds(
+    tmp_path, monkeypatch
+):
+    """A file in the way of seed 2's run directory: the error comes before anything is written
+    (seed 1's folder, made first, was left behind empty). Resuming seeds together refuses
+    num_seeds as resuming one run does (it was ignored)."""
+    monkeypatch.setattr(time, "strftime", lambda *_: "20260101-000000")
+    base = tmp_path / "mpe" / "simple_spread_fast" / "rmappo"
+    base.mkdir(parents=True)
+    (base / "20260101-000000_seed2").write_text("in the way")
+    cfg = _cfg("mpe/simple_spread_fast", run_dir=str(tmp_path), total_env_steps=128)
+    with pytest.raises(ConfigError, match="a file of that name is in the way; move that file"):
+        train_seeds(dataclasses.replace(cfg, num_seeds=2))
+    assert sorted(p.name for p in base.iterdir()) == ["20260101-000000_seed2"]
+    (base / "20260101-000000_seed2").unlink()
+    runs = train_seeds(dataclasses.replace(cfg, num_seeds=2))
+    with pytest.raises(ConfigError, match="num_seeds cannot be set when resuming; the run"):
+        resume_seeds([r.dir for r in runs], {"num_seeds": 3, "total_env_steps": 256})

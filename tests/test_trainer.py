@@ -424,6 +424,9 @@ def test_policy_act_excuses_dead_agents_masks_in_an_env_step(tmp_path):
     assert ((sampled >= 0) & (sampled < 4)).all()
     with pytest.raises(ValueError, match="allows no action for agent 1 of env 0; every acting"):
         policy.act(step.obs, {"agents": mask})
+    # Without its masks a masked group's policy would return forbidden actions.
+    with pytest.raises(ValueError, match="group .agents. acts under action masks \\(its env"):
+        policy.act(step.obs)
 
 
 def test_an_env_whose_agents_are_never_alive_is_named(tmp_path):
@@ -739,6 +742,12 @@ def test_nan_from_the_env_late_in_a_run_is_blamed_on_the_env(tmp_path):
     )  # fmt: skip
     with pytest.raises(TrainingDiverged, match="the env returned NaN or inf \\(rewards of group"):
         train(cfg)
+    # The seeds of a stacked run are told the same (they were told to lower the learning rates).
+    from mappo.trainer import train_seeds
+
+    stacked = C.apply(cfg, {"num_seeds": 2, "run_dir": str(tmp_path / "stacked")})
+    with pytest.raises(TrainingDiverged, match="the env returned NaN or inf \\(rewards of group"):
+        train_seeds(stacked)
 
 
 def test_train_names_the_argument_types_it_takes():

@@ -351,6 +351,26 @@ def test_spec_differences_in_words() -> None:
     assert spec_difference(saved, EnvSpec({"agents": box}, (8,), 25)) == (
         "group 'agents': continuous actions now, discrete actions when trained"
     )
+    # A box's bounds may change for training on; a saved policy compares them (it acts in the
+    # box it was trained in, and a narrower one made the env refuse its actions).
+    wide = GroupSpec(("a0", "a1"), (4,), ActionSpec.box((-2.0, -1.0), (2.0, 1.0)), False)
+    boxed = spec_to_dict(EnvSpec({"agents": box}, (8,), 25))
+    assert spec_difference(boxed, EnvSpec({"agents": wide}, (8,), 25)) is None
+    assert "now, (-1.0, -1.0) when trained" in spec_difference(
+        boxed, EnvSpec({"agents": wide}, (8,), 25), bounds=True
+    )
+    # Bounds beyond float32's range are inf to the networks: tanh squashing cannot take them.
+    assert ActionSpec.box((-1.0,), (1.0,)).bounded
+    assert not ActionSpec.box((-1e39,), (1e39,)).bounded
+
+
+def test_an_env_keyword_argument_may_be_called_target() -> None:
+    """The python: scheme's own first parameter is positional only (a 'target' keyword for the
+    env was a TypeError: multiple values for argument 'target')."""
+    from mappo.envs import make
+
+    env = make("python:toy_env:TargetEnv", num_envs=2, target=3)
+    assert env.target == 3
 
 
 def test_an_env_of_ones_own_that_raises_is_one_line(user_folder, tmp_path, capsys, monkeypatch):

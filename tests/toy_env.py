@@ -265,6 +265,14 @@ class ReachEnv(BatchedEnv):
         return self._observe(self._zero_reward(), z, z)
 
 
+class TargetEnv(MatchEnv):
+    """MatchEnv taking a keyword argument named like the ``python:`` scheme's own parameter."""
+
+    def __init__(self, num_envs: int, device: str = "cpu", seed: int = 0, target: int = 0):
+        super().__init__(num_envs, device, seed)
+        self.target = target
+
+
 def register_toy() -> None:
     from mappo.envs.registry import register
 

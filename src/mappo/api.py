@@ -135,6 +135,13 @@ class Policy:
                 f"{list(self.spec.groups)}"
             )
         for name, group in self.spec.groups.items():
+            if group.has_action_mask and (action_mask is None or name not in action_mask):
+                # Unmasked, the policy returns actions its env forbids.
+                raise ValueError(
+                    f"group '{name}' acts under action masks (its env returns them); pass "
+                    f"action_mask={{'{name}': ...}} ([num_envs, {group.num_agents}, "
+                    f"{group.action.total}] bool), or the EnvStep itself"
+                )
             if action_mask is not None and name in action_mask:
                 mask = _as_tensor(
                     action_mask[name], torch.bool, self.device, f"action_mask['{name}']"

@@ -401,7 +401,7 @@ def _check_same_spec(
     of a shape error deep in a network."""
     from mappo.data import spec_difference, spec_to_dict
 
-    problem = spec_difference(spec_to_dict(trained), env.spec)
+    problem = spec_difference(spec_to_dict(trained), env.spec, bounds=True)
     if problem is not None and given:
         words = " ".join(f"{k}={v}" for k, v in given.items())
         raise EnvError(

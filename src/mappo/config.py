@@ -140,7 +140,11 @@ class AlgoConfig:
         "episode is truncated by its time limit (the paper's "
         "code does not).",
     )
-    normalize_advantages: bool = _field(True, "Normalise advantages over alive agents.")
+    normalize_advantages: bool = _field(
+        True,
+        "Normalise advantages over alive agents, per group (per agent where "
+        "model.share_params=false), as the paper's code normalises each policy's buffer.",
+    )
     clip: float = _field(0.2, "PPO ratio clip.", low=0.0, low_open=True)
     value_clip: float | None = _field(None, "Value-loss clip; None = same as `clip`.", low=0.0)
     entropy_coef: float = _field(0.01, "Entropy bonus coefficient.", low=0.0)
@@ -149,7 +153,12 @@ class AlgoConfig:
     clip_value_loss: bool = _field(True, "Clipped value loss (max of clipped and unclipped).")
     value_coef: float = _field(1.0, "Value loss coefficient.", low=0.0)
     max_grad_norm: float | None = _field(
-        10.0, "Gradient-norm clip per network; None = off.", low=0.0, low_open=True
+        10.0,
+        "Gradient-norm clip per group's actor and critic; None = off. With "
+        "model.share_params=false one norm covers the group's per-agent copies (the paper's "
+        "separated policies clip each agent's alone).",
+        low=0.0,
+        low_open=True,
     )
     actor_lr: float = _field(7e-4, "Actor learning rate.", low=0.0, low_open=True)
     critic_lr: float = _field(7e-4, "Critic learning rate.", low=0.0, low_open=True)
@@ -632,6 +641,18 @@ def non_finite(value: Any, where: str) -> tuple[str, float] | None:
     return None
 
 
+def check_logging(cfg: TrainConfig) -> None:
+    """What a run that is about to log needs installed (Weights & Biases where ``wandb``)."""
+    if cfg.wandb:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise ConfigError(
+                "config field 'wandb' is true but Weights & Biases is not installed; "
+                "`pip install wandb` or set wandb=false"
+            )
+
+
 def check(cfg: TrainConfig, saved: bool = False) -> None:
     """Checks that involve more than one field. ``saved``: the config of a run trained before
     (a checkpoint's, or a resume's, whose fixed keys cannot change): the checks added since
@@ -721,14 +742,8 @@ def check(cfg: TrainConfig, saved: bool = False) -> None:
             f"config field 'compile' is 'on' but the compiled path covers algo.name=mappo only, "
             f"not {cfg.algo.name!r}; set compile=off (auto leaves {cfg.algo.name} eager)"
         )
-    if cfg.wandb:
-        import importlib.util
-
-        if importlib.util.find_spec("wandb") is None:
-            raise ConfigError(
-                "config field 'wandb' is true but Weights & Biases is not installed; "
-                "`pip install wandb` or set wandb=false"
-            )
+    if not saved:  # reading a saved run (eval, reports, a resume's checkpoint) needs no wandb
+        check_logging(cfg)
     if not _DEVICE.fullmatch(cfg.device):
         raise ConfigError(
             f"config field 'device' must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {cfg.device!r}"

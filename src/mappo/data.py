@@ -99,8 +99,10 @@ class ActionSpec:
         squashing needs)."""
         if self.low is None or self.high is None:
             return False
+        # (the networks hold the bounds in float32, where 1e39 is inf)
+        top = float(torch.finfo(torch.float32).max)
         return all(
-            math.isfinite(lo) and math.isfinite(hi) and hi > lo
+            abs(lo) <= top and abs(hi) <= top and hi > lo
             for lo, hi in zip(self.low, self.high, strict=True)
         )
 
@@ -284,12 +286,14 @@ def spec_to_dict(spec: EnvSpec) -> dict[str, Any]:
     }
 
 
-def spec_difference(saved: dict[str, Any], spec: EnvSpec) -> str | None:
+def spec_difference(saved: dict[str, Any], spec: EnvSpec, bounds: bool = False) -> str | None:
     """The first difference that matters to a trained run's networks between the spec a run
     saved (:func:`spec_to_dict`) and ``spec`` of the env made now, in words; None if none.
 
     Groups, agent counts, observation, state and action shapes and action masks shape the
-    networks; episode limits and statistics do not, and are not compared."""
+    networks; episode limits and statistics do not, and are not compared. A continuous action
+    box's bounds may change for training on (a resume builds its networks for the new box);
+    ``bounds``: compare them too (a saved policy acts in the box it was trained in)."""
     now = spec_to_dict(spec)
     if list(saved["groups"]) != list(now["groups"]):
         return f"groups {list(now['groups'])} now, {list(saved['groups'])} when trained"
@@ -305,7 +309,7 @@ def spec_difference(saved: dict[str, Any], spec: EnvSpec) -> str | None:
             return f"group '{name}': {kinds[0]} now, {kinds[1]} when trained"
         for key, what in _SPEC_FIELDS:
             old, new = then.get(key), g.get(key)
-            if key in ("low", "high"):  # bounds may change; their count is the action size
+            if key in ("low", "high") and not bounds:  # (their count is the action size)
                 old, new = (None if v is None else len(v) for v in (old, new))
             if old != new:
                 return f"group '{name}': {what} {_shown(new)} now, {_shown(old)} when trained"

@@ -121,7 +121,11 @@ class MetricsLogger:
     and, optionally, Weights & Biases.
 
     On resume, rows after the checkpoint's step are dropped from the CSV (they are recomputed
-    identically) and TensorBoard purges events after that step.
+    identically) and TensorBoard purges events after that step. A Weights & Biases run keeps
+    one W&B run id for its folder (``wandb_id`` in it), so that a resume continues the same W&B
+    run; W&B keeps the steps it already has, so after a resume from an older checkpoint it
+    shows the steps past the newest one it received. ``wandb_group`` groups the seeds of one
+    configuration.
     """
 
     def __init__(
@@ -131,6 +135,7 @@ class MetricsLogger:
         wandb_project: str | None,
         config: dict[str, Any],
         resume_step: int | None = None,
+        wandb_group: str | None = None,
     ) -> None:
         self.path = run_dir / "metrics.csv"
         self.columns: list[str] = []
@@ -142,18 +147,22 @@ class MetricsLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=resume_step)
+            # TensorBoard purges the steps >= purge_step; the CSV keeps the checkpoint's own.
+            purge = None if resume_step is None else resume_step + 1
+            self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
         self.wandb = None
         if wandb_project:
-            import wandb  # presence checked with the config, before the run started
+            try:
+                self.wandb = _start_wandb(run_dir, wandb_project, config, wandb_group)
+            except BaseException:
+                self.close()
+                raise
 
-            self.wandb = wandb.init(
-                project=wandb_project,
-                config=config,
-                dir=str(run_dir),
-                name=run_dir.name,
-                resume="allow",
-            )
+    def exit(self, exc_type: type[BaseException] | None, *_: Any) -> bool:
+        """An exit callback (``contextlib.ExitStack.push``): close, telling W&B whether the run
+        stopped on an error or an interruption (shown as failed, not finished)."""
+        self.close(exit_code=0 if exc_type is None else 1)
+        return False
 
     def _rewrite(self) -> None:
         tmp = self.path.with_suffix(".csv.tmp")
@@ -180,8 +189,47 @@ class MetricsLogger:
         if self.wandb is not None:
             self.wandb.log(row, step=step)
 
-    def close(self) -> None:
+    def close(self, exit_code: int = 0) -> None:
         if self.tb is not None:
             self.tb.close()
+            self.tb = None
         if self.wandb is not None:
-            self.wandb.finish()
+            self.wandb.finish(exit_code=exit_code)
+            self.wandb = None
+
+
+def _start_wandb(run_dir: Path, project: str, config: dict[str, Any], group: str | None) -> Any:
+    """A W&B run for ``run_dir``: the folder's own id (made on its first start, read on a
+    resume), a run object of its own (``reinit="create_new"``: stacked seeds log to one run
+    each in one process, needs wandb >= 0.19.10). Raises :class:`MetricsError` in one line
+    where W&B cannot start (no login, no network)."""
+    import wandb  # presence checked with the config, before the run started
+
+    id_file = run_dir / "wandb_id"
+    if id_file.is_file():
+        run_id = id_file.read_text(encoding="utf-8").strip()
+    else:
+        import secrets
+
+        run_id = secrets.token_hex(4)  # W&B's own ids are 8 characters of [a-z0-9]
+    try:
+        run = wandb.init(
+            project=project,
+            config=config,
+            dir=str(run_dir),
+            name=run_dir.name,
+            group=group,
+            id=run_id,
+            resume="allow",
+            reinit="create_new",
+        )
+    except Exception as err:  # wandb's own errors (login, network, settings) have no common base
+        lines = str(err).strip().splitlines()
+        raise MetricsError(
+            f"Weights & Biases could not start a run ({type(err).__name__}: "
+            f"{lines[0] if lines else ''}); `wandb login`, WANDB_MODE=offline to log locally, "
+            "or wandb=false (wandb >= 0.19.10 is needed for num_seeds > 1)"
+        ) from None
+    if not id_file.is_file():
+        id_file.write_text(run_id + "\n", encoding="utf-8")
+    return run

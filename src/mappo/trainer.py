@@ -348,7 +348,11 @@ class Trainer:
     def _nonfinite_rollout(self) -> str | None:
         """Which of the last rollout's observations or rewards hold NaN or inf (``"obs of
         group 'g'"``), where the learner keeps such a rollout (MAPPO's); else None."""
-        rollout = getattr(getattr(self.learner, "collector", None), "rollout", None)
+        own = getattr(self.learner, "last_rollout", None)  # a seed of a stacked run's rows
+        if callable(own):
+            rollout = own()
+        else:
+            rollout = getattr(getattr(self.learner, "collector", None), "rollout", None)
         for name, buf in getattr(rollout, "groups", {}).items():
             for part in ("obs", "rewards"):
                 x = getattr(buf, part, None)
@@ -550,7 +554,7 @@ def new_run_dir(cfg: TrainConfig) -> Path:
             if not path.is_dir():
                 raise config_mod.ConfigError(
                     f"cannot create the run directory '{path}': a file of that name is in the "
-                    "way; set run_dir= to a folder"
+                    "way; move that file, or set run_dir= to another folder"
                 ) from None
             # another run of this task and seed started in the same second: the next name
             path = base / f"{stamp}_seed{cfg.seed}_{suffix}"
@@ -792,6 +796,8 @@ def _run_stacked(
     except BaseException:
         for t in trainers:
             t.close()
+            if checkpoints is None and not t.caller_folder:
+                _remove_unstarted(t, None)  # the folders made before a later seed's failed
         blocks.close()
         raise
 
@@ -848,6 +854,11 @@ def resume_seeds(
         locks.enter_context(from_saved(str(paths[0])))  # as in resume()
         found = [_resumable(p, overrides) for p in paths]
         cfgs = [cfg for _, _, cfg in found]
+        if any(c.num_seeds > 1 for c in cfgs):  # (as resume() refuses it for one run)
+            raise config_mod.ConfigError(
+                "num_seeds cannot be set when resuming; the run directories given are the "
+                "seeds that resume together"
+            )
         _check_stackable(cfgs, [str(p) for p in paths])
         iterations = sorted({int(ckpt["progress"]["iteration"]) for _, ckpt, _ in found})
         if len(iterations) > 1:
@@ -897,6 +908,7 @@ def _resumable(
             saved=True,  # (what the newer checks cover cannot change on resume)
         )
     _check_resumable(saved, cfg)
+    config_mod.check_logging(cfg)
     if differs is not None:
         given = config_mod._flatten(config_mod.to_dict(cfg))
         # (what the command line sets now, config.yaml will say again)
@@ -1112,14 +1124,16 @@ def _save_unsaved(trainers: list[Trainer]) -> None:
                 t.save_checkpoint(time.perf_counter() - t._start, periodic=True)
 
 
-def _remove_unstarted(trainer: Trainer, logger: MetricsLogger) -> None:
+def _remove_unstarted(trainer: Trainer, logger: MetricsLogger | None) -> None:
     """Remove what a fresh run wrote before it failed, where that is nothing but its setup (no
     checkpoint, no metrics row, no Weights & Biases run): config.yaml, this process's
     TensorBoard file, the lock, then the folder and its parents below ``run_dir`` that are left
     empty. Anything else in the folder (a run_dir given by the caller that held files) stays,
     and so does a caller's folder that existed before the run, empty or not."""
     path = trainer.run_dir
-    if path is None or trainer.last_checkpoint is not None or logger.rows or logger.wandb:
+    if path is None or trainer.last_checkpoint is not None:
+        return
+    if logger is not None and (logger.rows or logger.wandb or (path / "wandb_id").exists()):
         return
     with contextlib.suppress(OSError):  # best effort: the run's error is what gets reported
         for name in ("config.yaml", "metrics.csv", ".lock"):
@@ -1139,6 +1153,19 @@ def _remove_unstarted(trainer: Trainer, logger: MetricsLogger) -> None:
             folder.rmdir()
 
 
+def _drop_stale_summary(run_dir: Path, step: int) -> None:
+    """Remove ``summary.json`` where it describes steps past ``step``, the checkpoint a resume
+    starts from (an older one than the newest): its numbers are of a future the resume
+    abandons, which metrics.csv and TensorBoard no longer hold. The finish writes it again."""
+    path = run_dir / "summary.json"
+    try:
+        done = json.loads(path.read_text(encoding="utf-8")).get("env_steps")
+    except (OSError, ValueError, AttributeError):
+        return  # none, or not ours to judge
+    if isinstance(done, int) and done > step:
+        path.unlink(missing_ok=True)
+
+
 def _run(
     trainers: list[Trainer],
     iterate_all: Callable[[], list[dict[str, float]]],
@@ -1156,9 +1183,10 @@ def _run(
         # A fresh run stopped (an env failing in its first steps, or a second Ctrl-C in its
         # first iteration) before anything was trained: its folders would hold a config and
         # nothing to resume, evaluate or report.
-        if all(step is None for step in resume_steps) and len(loggers) == len(trainers):
-            for t, logger in zip(trainers, loggers, strict=True):
-                _remove_unstarted(t, logger)
+        if all(step is None for step in resume_steps):
+            for k, t in enumerate(trainers):
+                # (a seed whose logger did not start, W&B refusing it, wrote only its setup)
+                _remove_unstarted(t, loggers[k] if k < len(loggers) else None)
 
     try:
         with contextlib.ExitStack() as stack:
@@ -1173,9 +1201,12 @@ def _run(
                     t.cfg.wandb_project if t.cfg.wandb else None,
                     config_mod.to_dict(t.cfg),
                     resume_step=step,
+                    wandb_group=f"{t.cfg.preset or t.cfg.env.name} {t.cfg.algo_name}",
                 )
-                stack.callback(logger.close)
+                stack.push(logger.exit)
                 loggers.append(logger)
+                if step is not None:
+                    _drop_stale_summary(t.run_dir, step)
             for t in trainers:
                 assert t.run_dir is not None
                 config_mod.save(t.cfg, t.run_dir / "config.yaml")

@@ -124,6 +124,20 @@ def compute_returns(
     return out
 
 
+def normalized_advantages(adv: Tensor, alive: Tensor, per_agent: bool) -> Tensor:
+    """``adv [T, E, n]`` less its mean, over its standard deviation, both over the steps where
+    the agent was alive (``alive [T, E, n]`` bool; the paper's active-masked normalisation).
+    One set of statistics per group, each agent's own where ``per_agent`` (networks not shared):
+    the MAPPO paper's code normalises each policy's buffer, so groups with rewards on other
+    scales, or agents with networks of their own, do not shrink one another's advantages."""
+    dims = (0, 1) if per_agent else (0, 1, 2)
+    weight = alive.to(adv.dtype)
+    count = weight.sum(dims, keepdim=True).clamp_min(1.0)
+    mean = (adv * weight).sum(dims, keepdim=True) / count
+    std = (((adv - mean) * weight).square().sum(dims, keepdim=True) / count).sqrt()
+    return (adv - mean) / (std + 1e-5)
+
+
 def _chunk(x: Tensor, length: int) -> Tensor:
     """``[T, E, ...] -> [L, M, ...]``: the rollout flattened env-major (each env's steps in
     order, one env after another) and cut into ``L``-step chunks; the tail is zero-padded to a
@@ -161,14 +175,6 @@ def make_samples(
     dev = ro.starts.device
     returns = compute_returns(policy, ro, cfg)
 
-    if cfg.normalize_advantages:
-        # Statistics over alive agents only (the paper's active-masked advantage normalisation).
-        adv_all = torch.cat([a.flatten() for a, _ in returns.values()])
-        alive_all = torch.cat([b.alive.flatten() for b in ro.groups.values()]).to(adv_all.dtype)
-        count = alive_all.sum().clamp_min(1.0)
-        mean = (adv_all * alive_all).sum() / count
-        std = (((adv_all - mean) * alive_all).square().sum() / count).sqrt()
-
     starts = _chunk(ro.starts, L)
     first_step = torch.zeros(T, E, dtype=torch.bool, device=dev)
     first_step[0] = True
@@ -186,7 +192,7 @@ def make_samples(
     for name, buf in ro.groups.items():
         adv, ret = returns[name]
         if cfg.normalize_advantages:
-            adv = (adv - mean) / (std + 1e-5)
+            adv = normalized_advantages(adv, buf.alive, policy.actors[name].copies > 1)
         actor_state = _chunk(buf.actor_state, L)
         critic_state = _chunk(buf.critic_state, L)
         groups[name] = GroupSamples(

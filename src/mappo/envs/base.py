@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import abc
 import functools
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -309,13 +310,22 @@ class BatchedEnv(abc.ABC):
 def _remember_masks(fn: Any) -> Any:
     @functools.wraps(fn)
     def wrapper(self: BatchedEnv, *args: Any, **kwargs: Any) -> EnvStep:
+        # A subclass's reset may call its parent's: only the outermost call's result is the
+        # env's (checked against its spec); the parent's is an intermediate it reworks.
+        outer = not self.__dict__.get("_in_wrapped_call", False)
+        self.__dict__["_in_wrapped_call"] = True
         try:
             result = fn(self, *args, **kwargs)
         except Exception as err:
-            failure = _failed(self, fn.__name__, err)
+            failure = _failed(self, fn.__name__, err) if outer else err
             if failure is err:
                 raise
             raise failure from err
+        finally:
+            if outer:
+                self.__dict__["_in_wrapped_call"] = False
+        if not outer:
+            return result
         _check_early_output(self, result, fn.__name__)
         if isinstance(result, EnvStep):
             self._last_action_mask, self._last_alive = result.action_mask, result.alive
@@ -363,6 +373,9 @@ def _check_early_output(env: BatchedEnv, step: Any, method: str) -> None:
         check_output(env, step, method)
 
 
+_GROUP_NAME = re.compile(r"[^.]+")  # torch's module dicts refuse '' and '.'; nothing else
+
+
 def check_spec(env: BatchedEnv) -> None:
     """Check the types in ``env.spec`` (shapes of whole numbers, at least one group and agent,
     statistics as a tuple of names): a spec written by hand is read by the networks and the
@@ -384,11 +397,26 @@ def check_spec(env: BatchedEnv) -> None:
 
     if not isinstance(spec.groups, dict) or not spec.groups:
         raise EnvError(f"{name}: groups must be a dict of at least one GroupSpec")
+    seen: dict[str, str] = {}  # agent name -> its group
     for g, gs in spec.groups.items():
+        if not isinstance(g, str) or not _GROUP_NAME.fullmatch(g):
+            # Group names key the networks' module dicts, where '.' or '' is a torch error.
+            raise EnvError(
+                f"{name}: group name {g!r} must be a non-empty name without '.'; rename the "
+                "group (e.g. 'red_team')"
+            )
         if not isinstance(gs, GroupSpec):
             raise EnvError(f"{name}: group '{g}' must be a GroupSpec, got {type(gs).__name__}")
         if not isinstance(gs.agents, tuple | list) or not gs.agents:
             raise EnvError(f"{name}: group '{g}' needs at least one agent, got {gs.agents!r}")
+        for agent in gs.agents:
+            if agent in seen:
+                where = "twice in group" if seen[agent] == g else f"in groups '{seen[agent]}' and"
+                raise EnvError(
+                    f"{name}: agent name {agent!r} appears {where} '{g}'; give every agent a "
+                    "name of its own"
+                )
+            seen[agent] = g
         shape(f"groups['{g}'].obs_shape", gs.obs_shape)
         if gs.agent_state_shape is not None:
             shape(f"groups['{g}'].agent_state_shape", gs.agent_state_shape)
@@ -427,8 +455,11 @@ def check_output(env: BatchedEnv, step: Any, method: str = "step") -> None:
                 f"{name}: {field} has shape {list(value.shape)}, the spec asks for {list(shape)}"
             )
         if value.dtype not in kinds:
-            wanted = " or ".join(sorted(str(k).removeprefix("torch.") for k in kinds))
-            raise EnvError(f"{name}: {field} has dtype {value.dtype}, expected {wanted}")
+            wanted = sorted(str(k).removeprefix("torch.") for k in kinds)
+            fix = f"; convert it with .to(torch.{wanted[0]})" if len(wanted) == 1 else ""
+            raise EnvError(
+                f"{name}: {field} has dtype {value.dtype}, expected {' or '.join(wanted)}{fix}"
+            )
         if value.is_floating_point() and not bool(value.isfinite().all()):
             raise EnvError(f"{name}: {field} holds NaN or inf")
 
@@ -438,12 +469,20 @@ def check_output(env: BatchedEnv, step: Any, method: str = "step") -> None:
             raise EnvError(
                 f"{name}: {part} has the groups {sorted(got)}, the spec's are {sorted(spec.groups)}"
             )
+    for g in step.action_mask:
+        if g not in spec.groups or not spec.groups[g].has_action_mask:
+            # Actions would be sampled with the mask and scored by the loss without it.
+            raise EnvError(
+                f"{name}: action_mask has group '{g}', whose spec does not say "
+                "has_action_mask=True; set it in the group's GroupSpec (or return no mask)"
+            )
+    for g, gs in spec.groups.items():  # observations first: the most common mistakes
+        tensor(f"obs['{g}']", step.obs[g], (e, gs.num_agents, *gs.obs_shape), floats)
     tensor("state", step.state, (e, *spec.state_shape), floats)
     tensor("terminated", step.terminated, (e,), {torch.bool})
     tensor("truncated", step.truncated, (e,), {torch.bool})
     for g, gs in spec.groups.items():
         n = gs.num_agents
-        tensor(f"obs['{g}']", step.obs[g], (e, n, *gs.obs_shape), floats)
         tensor(f"reward['{g}']", step.reward[g], (e, n), {torch.float32, torch.get_default_dtype()})
         tensor(f"alive['{g}']", step.alive[g], (e, n), {torch.bool})
         if gs.agent_state_shape is not None and g in step.agent_state:

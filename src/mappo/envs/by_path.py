@@ -27,6 +27,7 @@ EXAMPLE = "python:my_envs:MyEnv"
 
 def make_python(
     target: str,
+    /,  # (an env keyword argument may be called 'target' too)
     num_envs: int = 1,
     device: str | torch.device = "cpu",
     seed: int = 0,

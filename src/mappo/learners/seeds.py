@@ -937,6 +937,11 @@ class SeedSlot:
     def iterate(self, iteration: int, env_steps: int) -> dict[str, float]:
         raise RuntimeError("a seed of a stacked run iterates with the others (StackedPPOLearner)")
 
+    def last_rollout(self) -> Rollout | None:
+        """This seed's rows of the stack's last rollout (views), or None before the first."""
+        rollout = getattr(self.stack.collector, "rollout", None)
+        return None if rollout is None else _rows(rollout, self.stack.blocks.rows(self.k))
+
     def schedule_metrics(self) -> dict[str, float]:
         return self.stack.schedule_metrics()
 

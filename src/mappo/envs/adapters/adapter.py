@@ -664,6 +664,7 @@ class GymnasiumAdapter(ParallelEnvAdapter):
 # -- config names -------------------------------------------------------------------------------
 def make_pettingzoo(
     target: str,
+    /,  # (an env keyword argument may be called 'target' too)
     num_envs: int = 1,
     device: str | torch.device = "cpu",
     seed: int = 0,
@@ -681,6 +682,7 @@ def make_pettingzoo(
 
 def make_gymnasium(
     target: str,
+    /,  # (an env keyword argument may be called 'target' too)
     num_envs: int = 1,
     device: str | torch.device = "cpu",
     seed: int = 0,

@@ -1,0 +1,145 @@
+"""Where a run's numbers go: TensorBoard on resume, Weights & Biases (a stand-in module that
+records its calls: wandb itself is an optional extra), summary.json."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import mappo
+from mappo import config as C
+from mappo.logging import MetricsError
+from mappo.trainer import _drop_stale_summary, resume, resume_seeds, train, train_seeds
+
+TINY = {
+    "env.num_envs": 4,
+    "rollout_length": 25,
+    "total_env_steps": 4 * 25 * 4,
+    "algo.epochs": 1,
+    "eval_episodes": 2,
+    "eval_interval": 2,
+    "log_interval": 1,
+    "checkpoint_interval": 1,
+    "progress": False,
+    "threads": 1,
+}
+
+
+class _FakeRun:
+    def __init__(self, calls: list, kwargs: dict) -> None:
+        self.calls, self.id = calls, kwargs["id"]
+
+    def log(self, row: dict, step: int) -> None:
+        self.calls.append(("log", self.id, step))
+
+    def finish(self, exit_code: int = 0) -> None:
+        self.calls.append(("finish", self.id, exit_code))
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    """A ``wandb`` module that records ``init``, ``log`` and ``finish``; ``fail`` makes init
+    raise as wandb does without a login."""
+    calls: list = []
+    module = types.ModuleType("wandb")
+    module.__spec__ = importlib.machinery.ModuleSpec("wandb", None)
+    module.fail = False
+
+    def init(**kwargs):  # noqa: ANN003, ANN202
+        if module.fail:
+            raise RuntimeError("api_key not configured (no-tty)\ncall wandb.login()")
+        calls.append(("init", kwargs))
+        return _FakeRun(calls, kwargs)
+
+    module.init = init
+    module.calls = calls
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    return module
+
+
+def _inits(calls: list) -> list[dict]:
+    return [kwargs for kind, kwargs, *_ in calls if kind == "init"]
+
+
+def test_a_wandb_run_keeps_its_id_on_resume_and_seeds_log_apart(tmp_path, fake_wandb):
+    run = train("mpe/simple_spread_fast", {**TINY, "run_dir": str(tmp_path), "wandb": True})
+    (first,) = _inits(fake_wandb.calls)
+    assert first["resume"] == "allow" and first["reinit"] == "create_new"
+    assert first["group"] == "mpe/simple_spread_fast rmappo" and first["name"] == run.dir.name
+    assert (run.dir / "wandb_id").read_text().strip() == first["id"]
+    assert fake_wandb.calls[-1] == ("finish", first["id"], 0)
+    resume(run.dir, {"total_env_steps": 4 * 25 * 6})
+    assert _inits(fake_wandb.calls)[-1]["id"] == first["id"]  # the same W&B run continues
+    # Stacked seeds: one W&B run each, each logging its own steps.
+    fake_wandb.calls.clear()
+    stacked = train_seeds(
+        "mpe/simple_spread_fast",
+        {**TINY, "run_dir": str(tmp_path / "s"), "wandb": True, "num_seeds": 2},
+    )
+    ids = [kwargs["id"] for kwargs in _inits(fake_wandb.calls)]
+    assert len(set(ids)) == 2
+    for k, path in enumerate(r.dir for r in stacked):
+        assert (path / "wandb_id").read_text().strip() == ids[k]
+        logged = [c for c in fake_wandb.calls if c[0] == "log" and c[1] == ids[k]]
+        assert [c[2] for c in logged] == [100, 200, 300, 400]
+
+
+def test_a_wandb_run_opens_without_wandb_and_resumes_with_wandb_false(tmp_path, fake_wandb):
+    run = train("mpe/simple_spread_fast", {**TINY, "run_dir": str(tmp_path), "wandb": True})
+    sys.modules.pop("wandb")  # a laptop without wandb reads the run
+    mappo.load_policy(run.dir)
+    from mappo.experiments.runs import read_run
+
+    assert read_run(run.dir).algo == "rmappo"
+    with pytest.raises(C.ConfigError, match="Weights & Biases is not installed"):
+        resume(run.dir, {"total_env_steps": 4 * 25 * 6})
+    resume(run.dir, {"total_env_steps": 4 * 25 * 6, "wandb": False})
+
+
+def test_wandb_that_cannot_start_is_one_line_and_leaves_no_folder(tmp_path, fake_wandb):
+    fake_wandb.fail = True
+    with pytest.raises(MetricsError, match="Weights & Biases could not start a run "):
+        train("mpe/simple_spread_fast", {**TINY, "run_dir": str(tmp_path), "wandb": True})
+    assert not any(tmp_path.iterdir())
+
+
+def test_tensorboard_keeps_the_step_a_resume_starts_from(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = train("mpe/simple_spread_fast", {**TINY, "run_dir": str(tmp_path)})
+    older = tmp_path / "older"
+    shutil.copytree(run.dir, older)
+    for path in sorted((older / "checkpoints").glob("*.pt"))[-2:]:
+        path.unlink()  # resume from the second checkpoint: steps 300 and 400 are done again
+    resume(older, {"total_env_steps": 4 * 25 * 4})
+    board = EventAccumulator(str(older / "tensorboard"))
+    board.Reload()
+    steps = [e.step for e in board.Scalars("iteration")]
+    assert steps == [100, 200, 300, 400]
+
+
+def test_a_summary_of_an_abandoned_future_is_removed(tmp_path):
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"env_steps": 800}))
+    _drop_stale_summary(tmp_path, 800)  # a finished run extended: its summary still holds
+    assert path.exists()
+    _drop_stale_summary(tmp_path, 400)
+    assert not path.exists()
+    _drop_stale_summary(Path(tmp_path / "none"), 400)  # no summary: nothing to do
+
+
+def test_resume_seeds_keeps_wandb_ids(tmp_path, fake_wandb):
+    runs = train_seeds(
+        "mpe/simple_spread_fast",
+        {**TINY, "run_dir": str(tmp_path), "wandb": True, "num_seeds": 2},
+    )
+    ids = [kwargs["id"] for kwargs in _inits(fake_wandb.calls)]
+    fake_wandb.calls.clear()
+    resume_seeds([r.dir for r in runs], {"total_env_steps": 4 * 25 * 6})
+    assert [kwargs["id"] for kwargs in _inits(fake_wandb.calls)] == ids
