@@ -361,3 +361,17 @@ def test_out_of_memory_names_what_the_command_can_lower():
     evaluation = Namespace(command="eval", kwargs=["num_agents=9"], episodes=1)
     assert _memory_fix(evaluation) == "lower --episodes or the env parameters given (num_agents=9)"
     assert _memory_fix(Namespace(command="eval", kwargs=[])) == "lower --episodes"
+
+
+def test_a_full_disk_in_tensorboard_s_writer_thread_prints_no_traceback(capsys) -> None:
+    """The command's own thread reports the error at its next write, in one line."""
+    import threading
+
+    from mappo.cli import _quiet_writer_errors
+
+    writer = type("_AsyncWriterThread", (threading.Thread,), {"__module__": "tensorboard.w"})
+    err = OSError(28, "No space left on device")
+    _quiet_writer_errors(threading.ExceptHookArgs([OSError, err, None, writer()]))
+    assert capsys.readouterr().err == ""
+    _quiet_writer_errors(threading.ExceptHookArgs([OSError, err, None, threading.Thread()]))
+    assert "No space left on device" in capsys.readouterr().err  # other threads as before

@@ -381,3 +381,19 @@ def test_a_yaml_file_s_run_with_a_preset_s_settings_is_a_seed_of_it(tmp_path):
     (mine / "config.yaml").write_text(yaml.safe_dump({**config, "preset": ""}, sort_keys=False))
     (conf,) = group_runs(find_runs([tmp_path]))
     assert conf.label == "mpe/simple_spread_fast rmappo" and len(conf.runs) == 2
+
+
+def test_report_warns_when_seeds_end_at_different_steps_and_plot_counts_what_it_drew(
+    tmp_path, capsys
+):
+    """A stopped seed's last evaluation is an earlier one: the report says so (the plot cuts
+    the seeds to their shared range); plot counts the configurations it drew, not those it
+    left out."""
+    _fake_run(tmp_path, 1, [(1000, -200.0), (3000, -150.0)])
+    _fake_run(tmp_path, 2, [(1000, -210.0)])
+    with pytest.warns(UserWarning, match="last evaluated '.*' at different env steps \\(1,000 to"):
+        report_rows(group_runs(find_runs([tmp_path])), RETURN)
+    other = _fake_run(tmp_path, 1, [(1000, -190.0)], preset="smac/3m_fast")
+    (other / "metrics.csv").write_text((other / "metrics.csv").read_text().replace(RETURN, "eps"))
+    assert main(["plot", str(tmp_path), "--metric", "eps", "--out", str(tmp_path / "p.png")]) == 0
+    assert "1 configuration, metric eps" in capsys.readouterr().out

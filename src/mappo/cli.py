@@ -21,6 +21,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -596,8 +597,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     configs, runs = _results(args)
     metric = args.metric or default_metric(runs)
-    plot_curves(configs, metric, args.x, out=args.out, title=args.title)
-    print(f"wrote {args.out}: {len(configs)} configurations, metric {metric} against {args.x}")
+    fig = plot_curves(configs, metric, args.x, out=args.out, title=args.title)
+    # (configurations that do not log the metric were left out, with a warning)
+    drawn = sum(len(ax.get_legend_handles_labels()[1]) for ax in fig.axes)
+    plural = "s" if drawn != 1 else ""
+    print(f"wrote {args.out}: {drawn} configuration{plural}, metric {metric} against {args.x}")
     return 0
 
 
@@ -939,6 +943,15 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print("mappo: warning: " + " ".join(str(message).split()), file=sys.stderr)
 
 
+def _quiet_writer_errors(args: threading.ExceptHookArgs) -> None:
+    """An OSError in TensorBoard's writer thread (a full disk) reaches the command's own thread
+    at its next write, which reports it in one line: the thread's traceback is left out."""
+    writer = type(args.thread).__module__.startswith("tensorboard.")
+    if writer and isinstance(args.exc_value, OSError):
+        return
+    threading.__excepthook__(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     from mappo.trainer import RunInterrupted, TrainingDiverged
 
@@ -954,6 +967,7 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     warnings.showwarning = _show_warning
+    threading.excepthook = _quiet_writer_errors
     try:
         _import_modules(args)
         return args.func(args)

@@ -87,7 +87,8 @@ def plot_curves(
             # (a marker where a configuration has a single point: a line of one point is not
             # drawn, and its seeds' spread is an error bar instead of a band)
             single = len(grid) == 1
-            label = f"{conf.label} ({len(conf.runs)} seeds)"
+            count = len(conf.runs)
+            label = f"{conf.label} ({count} seed{'s' if count != 1 else ''})"
             (line,) = ax.plot(grid, mean, label=label, marker="o" if single else None)
             if single:
                 ax.errorbar(grid, mean, yerr=[mean - low, high - mean], color=line.get_color())

@@ -141,14 +141,22 @@ def report_rows(
             warnings.warn(f"'{conf.label}' does not log '{name}'; left out", stacklevel=2)
             continue
         runs = with_values(conf, name)
-        finals, bests, reached = [], [], []
+        finals, bests, reached, ends = [], [], [], []
         for run in runs:
-            _, y = run.curve(name)
+            steps, y = run.curve(name)
+            ends.append(int(steps[-1]))
             finals.append(float(y[-1]))
             bests.append(float(y.max()))
             hit = None if target is None else _reach(run, name, target, window)
             if hit is not None:
                 reached.append(hit)
+        if len(set(ends)) > 1:
+            # A stopped seed's last evaluation is an earlier one (a plot cuts to the shared range).
+            warnings.warn(
+                f"the seeds of '{conf.label}' last evaluated '{name}' at different env steps "
+                f"({min(ends):,} to {max(ends):,}); their final values are averaged as they are",
+                stacklevel=2,
+            )
         interval = bootstrap(finals, "iqm", seed=seed) if finals else None
         preset = str(conf.runs[0].config.get("preset") or "")
         paper, source = PAPER.get(preset, ("", ""))
