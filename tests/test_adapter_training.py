@@ -160,7 +160,7 @@ def test_every_preset_trains_from_the_command_line(
     assert summary["env_steps"] == 32 and summary["iterations"] == 2
     assert math.isfinite(summary["eval_return_mean"])
     rows = list(csv.DictReader((run / "metrics.csv").open()))
-    assert [r["iteration"] for r in rows] == ["1.0", "2.0"]
+    assert [r["iteration"] for r in rows] == ["1", "2"]
     losses = {k: float(v) for r in rows for k, v in r.items() if k.startswith("loss/") and v}
     assert any(k.endswith("/value_loss") for k in losses)
     assert all(math.isfinite(v) for v in losses.values()), losses

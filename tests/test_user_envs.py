@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import shutil
@@ -451,6 +452,10 @@ def test_a_failed_evaluation_keeps_the_training_before_it(user_folder, tmp_path,
         f"failed; the training up to it is saved in {saved}; continue with: mappo train "
         f"--resume {run} --import eval_fails\n"
     )
+    # the iteration's training row is logged (a resume does not redo it: it was a gap)
+    with (run / "metrics.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["iteration"] == "1" and row["train/episode_return"] != ""
     # stacked seeds: every seed saves the iteration, so that they resume together
     shutil.rmtree(root)
     assert main([*base, "total_env_steps=600", "eval_interval=1", "num_seeds=2"]) == 2

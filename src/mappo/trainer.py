@@ -420,10 +420,10 @@ class Trainer:
             elapsed = time.perf_counter() - self._time_at_start
             sps = (self.env_steps - self._steps_at_start) / max(elapsed, 1e-9)
             metrics: dict[str, float] = {
-                "iteration": float(self.iteration),
+                "iteration": self.iteration,  # (counts, written as whole numbers)
                 "wall_seconds": time.perf_counter() - self._start,
                 "steps_per_second": sps,
-                "threads": float(torch.get_num_threads()),
+                "threads": torch.get_num_threads(),
                 **self.learner.schedule_metrics(),
                 **{f"train/{k}": v for k, v in train.items()},
                 **{f"time/{k}": v for k, v in self._timings.items()},
@@ -433,6 +433,9 @@ class Trainer:
                 try:
                     evaluated = self.evaluate()
                 except Exception as err:
+                    if logger is not None:  # the iteration's training row, which no resume redoes
+                        with contextlib.suppress(Exception):
+                            logger.log(self.env_steps, metrics)
                     self._save_before_raising(err, last)
                     raise
                 metrics.update({f"eval/{k}": v for k, v in evaluated.items()})
