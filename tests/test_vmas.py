@@ -166,6 +166,9 @@ def test_parameters_are_checked() -> None:
         make("vmas/navigation", n_agnets=3)
     with pytest.raises(EnvError, match="VMAS rejected the scenario parameters"):
         make("vmas/navigation", agents_with_same_goal=9)
+    # a bare assert is named by its source line, which says what it checks
+    with pytest.raises(EnvError, match="AssertionError at `assert self.n_agents > 1`"):
+        make("vmas/balance", n_agents=0)
     assert torch.equal(torch.get_rng_state(), torch_state)  # a failed make leaves it alone
     with pytest.raises(EnvError, match="max_steps must be an integer >= 1"):
         make("vmas/balance", max_steps=0)

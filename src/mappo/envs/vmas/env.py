@@ -206,9 +206,16 @@ class VmasEnv(BatchedEnv):
             except UserWarning as err:
                 raise EnvError(f"{self.name}: {err} (check the parameter names)") from None
             except (AssertionError, ValueError, KeyError) as err:
+                what = one_line(err)
+                if isinstance(err, AssertionError) and not str(err).strip():
+                    # A bare assert says nothing; its source line names the parameter it checks.
+                    import traceback
+
+                    frames = traceback.extract_tb(err.__traceback__)
+                    if frames and frames[-1].line:
+                        what = f"AssertionError at `{frames[-1].line}`"
                 raise EnvError(
-                    f"{self.name}: VMAS rejected the scenario parameters {scenario_kwargs}: "
-                    f"{one_line(err)}"
+                    f"{self.name}: VMAS rejected the scenario parameters {scenario_kwargs}: {what}"
                 ) from err
         self._vmas_agents = [agent.name for agent in self._env.agents]
         self.spec = self._make_spec(groups)
