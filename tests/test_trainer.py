@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import signal
 import subprocess
@@ -211,6 +212,9 @@ def test_resume_equals_uninterrupted(tmp_path):
     for p in ckpts:
         if p.name > "iter_00000004.pt":
             p.unlink()
+    # the progress line's training return comes back with the counters (it showed n/a)
+    kept = load_checkpoint(part.dir / "checkpoints" / "iter_00000004.pt")["progress"]
+    assert math.isfinite(kept["last_train"]["episode_return"])
     resumed = resume(part.dir)
     a, b = _params(full.policy), _params(resumed.policy)
     for k in a:
@@ -519,7 +523,7 @@ def test_a_format_1_checkpoint_still_resumes(tmp_path):
     torch.save(old, path)
     converted = load_checkpoint(path)
     assert converted["format"] == 2
-    kept = {k: v for k, v in new["progress"].items() if k != "timings"}  # (not in format 1)
+    kept = {k: v for k, v in new["progress"].items() if k not in ("timings", "last_train")}
     assert converted["progress"] == kept
     resumed = resume(run.dir, {"total_env_steps": 8 * 25 * 4})
     assert resumed.summary["env_steps"] == 800

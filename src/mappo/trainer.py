@@ -247,6 +247,7 @@ class Trainer:
                 "timings": dict(getattr(self, "_timings", self.timing_offset)),
                 "eval_count": self.eval_count,
                 "last_eval": self.last_eval,
+                "last_train": self.last_train,
             },
             "learner": self.learner.state_dict(periodic=periodic),
         }
@@ -265,6 +266,8 @@ class Trainer:
         self.timing_offset = {k: float(v) for k, v in progress.get("timings", {}).items()}
         self.eval_count = int(progress["eval_count"])
         self.last_eval = dict(progress["last_eval"])
+        # (the progress line's and summary.json's training return; absent from older ones)
+        self.last_train = dict(progress.get("last_train", {}))
 
     def save_checkpoint(self, wall_seconds: float, periodic: bool = False) -> Path:
         assert self.run_dir is not None
