@@ -795,6 +795,25 @@ def test_a_user_module_that_needs_a_missing_extra_names_the_extra(
     )
 
 
+def test_an_lbf_preset_without_its_packages_names_its_own_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its extra brings gymnasium too: the gymnasium hint (pettingzoo's extra) was a detour."""
+    import importlib.util
+
+    found = importlib.util.find_spec
+    missing = {"lbforaging", "gymnasium"}
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in missing else found(name, *a)
+    )
+    with pytest.raises(
+        EnvError, match="'lbforaging', which is not installed; install it with `pip"
+    ):
+        make("gymnasium:lbforaging:Foraging-8x8-2p-2f-v3", num_envs=1, num_workers=0)
+    with pytest.raises(EnvError, match="install it with `pip install 'mappo\\[lbf\\]'`"):
+        make("gymnasium:lbforaging:Foraging-8x8-2p-2f-v3", num_envs=1, num_workers=0)
+
+
 def test_the_python_example_in_the_docs_runs(capsys: pytest.CaptureFixture[str]) -> None:
     text = (Path(__file__).parents[1] / "docs" / "custom_envs.md").read_text()
     (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)

@@ -7,6 +7,7 @@ import io
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -371,7 +372,14 @@ def test_a_full_disk_in_tensorboard_s_writer_thread_prints_no_traceback(capsys) 
 
     writer = type("_AsyncWriterThread", (threading.Thread,), {"__module__": "tensorboard.w"})
     err = OSError(28, "No space left on device")
-    _quiet_writer_errors(threading.ExceptHookArgs([OSError, err, None, writer()]))
-    assert capsys.readouterr().err == ""
-    _quiet_writer_errors(threading.ExceptHookArgs([OSError, err, None, threading.Thread()]))
-    assert "No space left on device" in capsys.readouterr().err  # other threads as before
+    seen = []
+    _quiet_writer_errors(threading.ExceptHookArgs([OSError, err, None, writer()]), seen.append)
+    assert seen == []
+    other = threading.ExceptHookArgs([OSError, err, None, threading.Thread()])
+    _quiet_writer_errors(other, seen.append)
+    assert seen == [other]  # other threads' errors go to the hook installed before
+    # main() leaves the caller's hooks as they were
+    before = threading.excepthook, warnings.showwarning
+    assert main(["list"]) == 0
+    assert (threading.excepthook, warnings.showwarning) == before
+    capsys.readouterr()

@@ -303,3 +303,8 @@ def test_an_empty_file_a_shared_base_and_an_algorithm_as_label_are_refused(tmp_p
         C.check(C.load("mpe/simple_spread_fast", ["name=qmix"]))
     C.check(C.load("mpe/simple_spread_fast", ["name=mappo"]))
     C.check(C.load("mpe/simple_spread_fast", ["name=my_mappo"]))
+    # a run saved before the check still opens
+    assert C.from_dict({"name": "qmix"}).name == "qmix"
+    # a missing file of one's own named like a base is named as missing
+    with pytest.raises(C.ConfigError, match="config file 'configs/_mine.yaml' does not exist"):
+        C.load("configs/_mine.yaml")

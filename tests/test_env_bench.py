@@ -33,6 +33,22 @@ def test_run_env_bench_rows() -> None:
     assert lines[-1].split()[0] == "mpe2" and lines[-1].split()[-1] == "1.0"
 
 
+def test_the_mpe2_row_is_left_out_with_a_note_where_mpe2_is_missing(monkeypatch) -> None:
+    """A plain install (no pettingzoo extra) times the env and names what the reference needs
+    (the run ended in a traceback after timing)."""
+    import importlib.util
+
+    import pytest
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "mpe2" else found(name, *a)
+    )
+    with pytest.warns(UserWarning, match="the mpe2 reference row is left out: mpe2 is not inst"):
+        rows = run_env_bench(num_envs=(2,), seconds=0.01, include_pettingzoo=True)
+    assert [r["env"] for r in rows] == ["mpe/simple_spread"]
+
+
 def test_run_env_bench_without_pettingzoo() -> None:
     rows = run_env_bench(num_envs=(2,), seconds=0.01, include_pettingzoo=False)
     assert len(rows) == 1 and rows[0]["env"] == "mpe/simple_spread"

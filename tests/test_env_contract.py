@@ -148,6 +148,10 @@ class _Broken(MatchEnv):
             out.stats = {**out.stats, "accuracy": out.stats["accuracy"][:2]}
         elif self.fault == "agent_terminated_missing":
             self.agent_terminations = True  # promised, but the step has none
+        elif self.fault == "mask_unknown":
+            out.action_mask = {**out.action_mask, "agnts": mask}
+        elif self.fault == "mask_not_dict":
+            out.action_mask = None
         elif self.fault == "mask_undeclared":
             import dataclasses
 
@@ -172,6 +176,11 @@ class _Broken(MatchEnv):
         ("agent_terminated_missing", "agent_terminated has no 'agents', which the env's"),
         # sampled with the mask, the loss would score the actions without it
         ("mask_undeclared", "action_mask has group 'agents', whose spec does not say has_act"),
+        ("mask_unknown", "action_mask has group 'agnts', which the spec does not have \\(its"),
+        (
+            "mask_not_dict",
+            "action_mask must be a dict of masks per group \\(empty for none\\), got",
+        ),
     ],
 )
 def test_a_users_env_is_checked_on_its_first_outputs(fault, message):
@@ -212,7 +221,8 @@ def test_a_users_env_is_checked_on_its_first_outputs(fault, message):
         ),
         ({"groups": {}}, "groups must be a dict of at least one GroupSpec"),
         ({"group_name": "red.team"}, "group name 'red.team' must be a non-empty name without"),
-        ({"group_name": ""}, "group name '' must be a non-empty name without '.'; rename"),
+        ({"group_name": ""}, "group name '' must be a non-empty name without '.' and not"),
+        ({"group_name": "items"}, "group name 'items' must .* not one of torch's module attr"),
         ({"agents": ("a", "a")}, "agent name 'a' appears twice in group 'agents'; give every"),
         ({"second_group": ("agent_0",)}, "'agent_0' appears in groups 'agents' and 'more'"),
     ],

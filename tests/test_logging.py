@@ -71,11 +71,37 @@ def test_a_wandb_run_keeps_its_id_on_resume_and_seeds_log_apart(tmp_path, fake_w
     run = train("mpe/simple_spread_fast", {**TINY, "run_dir": str(tmp_path), "wandb": True})
     (first,) = _inits(fake_wandb.calls)
     assert first["resume"] == "allow" and first["reinit"] == "create_new"
-    assert first["group"] == "mpe/simple_spread_fast rmappo" and first["name"] == run.dir.name
-    assert (run.dir / "wandb_id").read_text().strip() == first["id"]
+    assert first["group"].startswith("mpe/simple_spread_fast rmappo ")
+    assert first["name"] == run.dir.name
+    assert json.loads((run.dir / "wandb_id").read_text())["id"] == first["id"]
     assert fake_wandb.calls[-1] == ("finish", first["id"], 0)
+    copy = tmp_path / "copy"
+    shutil.copytree(run.dir, copy)  # a copy to fork from: a W&B run of its own
     resume(run.dir, {"total_env_steps": 4 * 25 * 6})
     assert _inits(fake_wandb.calls)[-1]["id"] == first["id"]  # the same W&B run continues
+    resume(copy, {"total_env_steps": 4 * 25 * 6})
+    assert _inits(fake_wandb.calls)[-1]["id"] != first["id"]
+    # a fresh run in a folder that holds another run's id starts a W&B run of its own
+    caller = tmp_path / "mine"
+    caller.mkdir()
+    (caller / "wandb_id").write_text((run.dir / "wandb_id").read_text())
+    train("mpe/simple_spread_fast", {**TINY, "wandb": True}, run_dir=caller)
+    assert _inits(fake_wandb.calls)[-1]["id"] != first["id"]
+    # another setting is another group; a run that fails is marked so
+    fake_wandb.calls.clear()
+
+    def fails(*_args, **_kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("an update that fails")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("mappo.trainer.Trainer.after_iteration", fails)
+        with pytest.raises(RuntimeError, match="an update that fails"):
+            other_cfg = {**TINY, "run_dir": str(tmp_path / "c"), "wandb": True, "algo.clip": 0.1}
+            train("mpe/simple_spread_fast", other_cfg)
+    (other,) = _inits(fake_wandb.calls)
+    assert other["group"].startswith("mpe/simple_spread_fast rmappo ")
+    assert other["group"] != first["group"]
+    assert fake_wandb.calls[-1] == ("finish", other["id"], 1)
     # Stacked seeds: one W&B run each, each logging its own steps.
     fake_wandb.calls.clear()
     stacked = train_seeds(
@@ -85,9 +111,18 @@ def test_a_wandb_run_keeps_its_id_on_resume_and_seeds_log_apart(tmp_path, fake_w
     ids = [kwargs["id"] for kwargs in _inits(fake_wandb.calls)]
     assert len(set(ids)) == 2
     for k, path in enumerate(r.dir for r in stacked):
-        assert (path / "wandb_id").read_text().strip() == ids[k]
+        assert json.loads((path / "wandb_id").read_text())["id"] == ids[k]
         logged = [c for c in fake_wandb.calls if c[0] == "log" and c[1] == ids[k]]
         assert [c[2] for c in logged] == [100, 200, 300, 400]
+
+
+def test_an_old_wandb_is_named_before_the_run_starts(tmp_path, fake_wandb, monkeypatch) -> None:
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.16.6")
+    with pytest.raises(C.ConfigError, match="wandb 0.16.6 is older than 0.19.10, which the runs"):
+        train("mpe/simple_spread_fast", {**TINY, "run_dir": str(tmp_path), "wandb": True})
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_wandb_run_opens_without_wandb_and_resumes_with_wandb_false(tmp_path, fake_wandb):

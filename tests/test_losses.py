@@ -75,3 +75,8 @@ def test_advantages_are_normalised_per_group_or_per_agent_over_alive_steps() -> 
     for k in range(2):
         col = per_agent[..., k][alive[..., k]]
         torch.testing.assert_close(col.std(unbiased=False), torch.tensor(1.0), atol=1e-4, rtol=0)
+    # an agent never alive in the rollout has no statistics: 0, not its advantages / 1e-5
+    alive[..., 1] = False
+    out = normalized_advantages(adv, alive, per_agent=True)
+    assert torch.equal(out[..., 1], torch.zeros(5, 4))
+    assert bool(out[..., 0].abs().max() < 10)

@@ -352,14 +352,21 @@ def test_spec_differences_in_words() -> None:
     assert spec_difference(saved, EnvSpec({"agents": box}, (8,), 25)) == (
         "group 'agents': continuous actions now, discrete actions when trained"
     )
-    # A box's bounds may change for training on; a saved policy compares them (it acts in the
-    # box it was trained in, and a narrower one made the env refuse its actions).
+    # A box's bounds may change for training on; a saved policy acts in the box it was
+    # trained in: a wider box holds its actions, a narrower one made the env refuse them.
     wide = GroupSpec(("a0", "a1"), (4,), ActionSpec.box((-2.0, -1.0), (2.0, 1.0)), False)
     boxed = spec_to_dict(EnvSpec({"agents": box}, (8,), 25))
     assert spec_difference(boxed, EnvSpec({"agents": wide}, (8,), 25)) is None
-    assert "now, (-1.0, -1.0) when trained" in spec_difference(
-        boxed, EnvSpec({"agents": wide}, (8,), 25), bounds=True
+    assert spec_difference(boxed, EnvSpec({"agents": wide}, (8,), 25), bounds=True) is None
+    narrow = spec_to_dict(EnvSpec({"agents": wide}, (8,), 25))
+    assert spec_difference(narrow, EnvSpec({"agents": box}, (8,), 25), bounds=True) == (
+        "group 'agents': the action box [(-1.0, -1.0), (1.0, 1.0)] now is narrower than "
+        "[(-2.0, -1.0), (2.0, 1.0)] when trained"
     )
+    f32 = GroupSpec(("a0", "a1"), (4,), ActionSpec.box((-0.1, -1.0), (0.1, 1.0)), False)
+    near = GroupSpec(("a0", "a1"), (4,), ActionSpec.box((-0.1000000015, -1.0), (0.1, 1.0)), False)
+    trained = spec_to_dict(EnvSpec({"agents": near}, (8,), 25))  # (float32's 0.1, read back)
+    assert spec_difference(trained, EnvSpec({"agents": f32}, (8,), 25), bounds=True) is None
     # Bounds beyond float32's range are inf to the networks: tanh squashing cannot take them.
     assert ActionSpec.box((-1.0,), (1.0,)).bounded
     assert not ActionSpec.box((-1e39,), (1e39,)).bounded
@@ -459,13 +466,18 @@ def test_a_failed_evaluation_keeps_the_training_before_it(user_folder, tmp_path,
     # stacked seeds: every seed saves the iteration, so that they resume together
     shutil.rmtree(root)
     assert main([*base, "total_env_steps=600", "eval_interval=1", "num_seeds=2"]) == 2
-    capsys.readouterr()
+    err = capsys.readouterr().err
     runs = sorted(p.parent for p in root.glob("**/checkpoints"))
     assert len(runs) == 2
     assert [[c.name for c in (r / "checkpoints").glob("iter_*.pt")] for r in runs] == [
         ["iter_00000001.pt"],
         ["iter_00000001.pt"],
     ]
+    # each seed logged its row, and the fix names every seed's folder (they resume together)
+    for r in runs:
+        with (r / "metrics.csv").open() as f:
+            assert [row["iteration"] for row in csv.DictReader(f)] == ["1"]
+    assert err.rstrip().endswith(f"--resume {runs[0]} {runs[1]} --import eval_fails")
     # resumed together, they train to the end, where the final evaluation fails again
     resume = ["train", "--resume", *map(str, runs), "--import", "eval_fails", "eval_interval=0"]
     assert main([*resume, "progress=false"]) == 2

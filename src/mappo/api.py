@@ -65,7 +65,9 @@ class Policy:
 
         ``observations`` may be an :class:`~mappo.envs.base.EnvStep`, whose action masks and
         episode starts are then used as well: the envs that finished in it, or every env for the
-        step of a ``reset`` (no ``final_obs``), start with a fresh recurrent state.
+        step of a ``reset`` (no ``final_obs``), start with a fresh recurrent state. Given plain
+        arrays, a group whose env has action masks needs them in ``action_mask`` (a
+        ``ValueError`` otherwise: unmasked, the policy would return actions the env forbids).
         """
         alive: dict[str, Tensor] | None = None
         if isinstance(observations, EnvStep):

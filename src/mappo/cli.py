@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import dataclasses
 import errno
+import functools
 import json
 import math
 import os
@@ -943,13 +944,16 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print("mappo: warning: " + " ".join(str(message).split()), file=sys.stderr)
 
 
-def _quiet_writer_errors(args: threading.ExceptHookArgs) -> None:
+def _quiet_writer_errors(
+    args: threading.ExceptHookArgs, then: Callable[[threading.ExceptHookArgs], Any]
+) -> None:
     """An OSError in TensorBoard's writer thread (a full disk) reaches the command's own thread
-    at its next write, which reports it in one line: the thread's traceback is left out."""
+    at its next write, which reports it in one line: the thread's traceback is left out. Other
+    threads' errors go to ``then``, the hook installed before the command's."""
     writer = type(args.thread).__module__.startswith("tensorboard.")
     if writer and isinstance(args.exc_value, OSError):
         return
-    threading.__excepthook__(args)
+    then(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -966,8 +970,9 @@ def main(argv: list[str] | None = None) -> int:
         setattr(args, words, [*getattr(args, words), *extra])
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    shown_before, hook_before = warnings.showwarning, threading.excepthook
     warnings.showwarning = _show_warning
-    threading.excepthook = _quiet_writer_errors
+    threading.excepthook = functools.partial(_quiet_writer_errors, then=hook_before)
     try:
         _import_modules(args)
         return args.func(args)
@@ -1025,6 +1030,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         _error(f"out of memory ({str(err).strip().splitlines()[0][:160]}); {_memory_fix(args)}")
         return EXIT_USAGE
+    finally:  # (a caller of main() in-process keeps its own hooks)
+        warnings.showwarning, threading.excepthook = shown_before, hook_before
 
 
 if __name__ == "__main__":

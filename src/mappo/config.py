@@ -644,12 +644,24 @@ def non_finite(value: Any, where: str) -> tuple[str, float] | None:
 def check_logging(cfg: TrainConfig) -> None:
     """What a run that is about to log needs installed (Weights & Biases where ``wandb``)."""
     if cfg.wandb:
+        import importlib.metadata
         import importlib.util
 
         if importlib.util.find_spec("wandb") is None:
             raise ConfigError(
                 "config field 'wandb' is true but Weights & Biases is not installed; "
-                "`pip install wandb` or set wandb=false"
+                "`pip install 'wandb>=0.19.10'` or set wandb=false"
+            )
+        try:
+            version = importlib.metadata.version("wandb")
+        except importlib.metadata.PackageNotFoundError:
+            return  # (a wandb module without metadata: a stand-in, which says what it takes)
+        numbers = tuple(int(p) for p in re.findall(r"\d+", version)[:3])
+        if numbers < (0, 19, 10):
+            # One W&B run per run folder in one process (stacked seeds) needs reinit="create_new".
+            raise ConfigError(
+                f"config field 'wandb' is true but wandb {version} is older than 0.19.10, which "
+                "the runs need; `pip install -U 'wandb>=0.19.10'` or set wandb=false"
             )
 
 
@@ -758,7 +770,7 @@ def check(cfg: TrainConfig, saved: bool = False) -> None:
             f"config field 'name' must be a plain label (letters, digits, '_', '-', '.', '+'), "
             f"got {cfg.name!r}; it names a folder inside run_dir, so no '/' or '..'"
         )
-    if cfg.name in ALGO_NAMES and cfg.name != cfg.algo.name:
+    if not saved and cfg.name in ALGO_NAMES and cfg.name != cfg.algo.name:
         # 'name' only labels the run directory; a user who wrote name=qmix meant the algorithm.
         raise ConfigError(
             f"config field 'name' labels the run directory, so name={cfg.name} would label a "
@@ -951,7 +963,7 @@ def load(
     the run is no longer the preset's (``preset`` is cleared). A layer (a YAML file over its
     ``base``, or the overrides) that names an env of another family (:func:`env_family`) gives
     it only the keyword arguments that layer names, not those before it (:func:`_apply_layer`)."""
-    if source and Path(source).name.startswith("_") and not Path(source).is_file():
+    if source and Path(source).name.startswith("_") and (PRESET_DIR / f"{source}.yaml").is_file():
         # Files starting with '_' hold settings shared by presets; they name no env of their own.
         raise ConfigError(
             f"'{source}' is a base shared by presets, not a preset; name a preset "

@@ -293,7 +293,8 @@ def spec_difference(saved: dict[str, Any], spec: EnvSpec, bounds: bool = False) 
     Groups, agent counts, observation, state and action shapes and action masks shape the
     networks; episode limits and statistics do not, and are not compared. A continuous action
     box's bounds may change for training on (a resume builds its networks for the new box);
-    ``bounds``: compare them too (a saved policy acts in the box it was trained in)."""
+    ``bounds``: a box narrower than the one trained in is a difference too (a saved policy acts
+    in the box it was trained in; a wider one holds its actions)."""
     now = spec_to_dict(spec)
     if list(saved["groups"]) != list(now["groups"]):
         return f"groups {list(now['groups'])} now, {list(saved['groups'])} when trained"
@@ -309,16 +310,34 @@ def spec_difference(saved: dict[str, Any], spec: EnvSpec, bounds: bool = False) 
             return f"group '{name}': {kinds[0]} now, {kinds[1]} when trained"
         for key, what in _SPEC_FIELDS:
             old, new = then.get(key), g.get(key)
-            if key in ("low", "high") and not bounds:  # (their count is the action size)
+            if key in ("low", "high"):  # their count is the action size
                 old, new = (None if v is None else len(v) for v in (old, new))
             if old != new:
                 return f"group '{name}': {what} {_shown(new)} now, {_shown(old)} when trained"
+        if bounds and then.get("low") is not None and not _contains(g, then):
+            return (
+                f"group '{name}': the action box [{_shown(g['low'])}, {_shown(g['high'])}] "
+                f"now is narrower than [{_shown(then['low'])}, {_shown(then['high'])}] when "
+                "trained"
+            )
     if list(saved["state_shape"]) != list(now["state_shape"]):
         return (
             f"the global state has shape {tuple(now['state_shape'])} now, "
             f"{tuple(saved['state_shape'])} when trained"
         )
     return None
+
+
+def _contains(now: dict[str, Any], then: dict[str, Any]) -> bool:
+    """Whether a saved group's action box ``now`` holds the box ``then`` the policy was trained
+    in (up to float32 rounding of the bounds): the policy's actions stay inside that box."""
+
+    def slack(x: float) -> float:
+        return 1e-6 * max(1.0, abs(x)) if math.isfinite(x) else 0.0
+
+    lows = zip(now["low"], then["low"], strict=True)
+    highs = zip(now["high"], then["high"], strict=True)
+    return all(n <= o + slack(o) for n, o in lows) and all(n >= o - slack(o) for n, o in highs)
 
 
 def _action_kind(group: dict[str, Any]) -> str:

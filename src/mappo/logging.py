@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -141,22 +143,27 @@ class MetricsLogger:
         self.columns: list[str] = []
         self.rows: list[dict[str, Any]] = []
         if resume_step is not None and self.path.exists():
-            self.columns, self.rows = _read_rows(self.path, resume_step)
-            self._rewrite()
+            self.columns, self.rows = _read_rows(self.path, resume_step)  # (checked, not yet cut)
         self.tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            # TensorBoard purges the steps >= purge_step; the CSV keeps the checkpoint's own.
-            purge = None if resume_step is None else resume_step + 1
-            self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
         self.wandb = None
         if wandb_project:
-            try:
-                self.wandb = _start_wandb(run_dir, wandb_project, config, wandb_group)
-            except BaseException:
-                self.close()
-                raise
+            # First: W&B is what most often fails to start (no login, no network), and a
+            # resume that fails must leave the run's files as they were.
+            self.wandb = _start_wandb(
+                run_dir, wandb_project, config, wandb_group, resume_step is not None
+            )
+        try:
+            if resume_step is not None and self.path.exists():
+                self._rewrite()
+            if tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+
+                # TensorBoard purges the steps >= purge_step; the CSV keeps the checkpoint's own.
+                purge = None if resume_step is None else resume_step + 1
+                self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=purge)
+        except BaseException:
+            self.close(exit_code=1)
+            raise
 
     def exit(self, exc_type: type[BaseException] | None, *_: Any) -> bool:
         """An exit callback (``contextlib.ExitStack.push``): close, telling W&B whether the run
@@ -198,20 +205,38 @@ class MetricsLogger:
             self.wandb = None
 
 
-def _start_wandb(run_dir: Path, project: str, config: dict[str, Any], group: str | None) -> Any:
+WANDB_ID_FILE = "wandb_id"
+"""The file in a run folder that holds its W&B run id and the folder it was made for."""
+
+
+def _wandb_id(run_dir: Path, resuming: bool) -> tuple[str, bool]:
+    """The W&B run id for ``run_dir`` and whether it is new: the folder's own on a resume, a
+    new one on a fresh start, or where the folder is a copy of another run's (its id was made
+    for another path: both would write into one W&B run)."""
+    import secrets
+
+    path = run_dir / WANDB_ID_FILE
+    if resuming and path.is_file():
+        try:
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            if saved.get("folder") == str(run_dir.resolve()):
+                return str(saved["id"]), False
+        except (OSError, ValueError, AttributeError, KeyError):
+            pass  # unreadable: a new W&B run, as for a copy
+    return secrets.token_hex(4), True  # (W&B's own ids are 8 characters of [a-z0-9])
+
+
+def _start_wandb(
+    run_dir: Path, project: str, config: dict[str, Any], group: str | None, resuming: bool
+) -> Any:
     """A W&B run for ``run_dir``: the folder's own id (made on its first start, read on a
-    resume), a run object of its own (``reinit="create_new"``: stacked seeds log to one run
-    each in one process, needs wandb >= 0.19.10). Raises :class:`MetricsError` in one line
-    where W&B cannot start (no login, no network)."""
-    import wandb  # presence checked with the config, before the run started
+    resume), a run object of its own (``reinit="create_new"``, wandb >= 0.19.10: stacked seeds
+    log to one run each in one process). Raises :class:`MetricsError` in one line where W&B
+    cannot start (no login, no network), removing the ``wandb`` folder it began."""
+    import wandb  # presence and version checked with the config, before the run started
 
-    id_file = run_dir / "wandb_id"
-    if id_file.is_file():
-        run_id = id_file.read_text(encoding="utf-8").strip()
-    else:
-        import secrets
-
-        run_id = secrets.token_hex(4)  # W&B's own ids are 8 characters of [a-z0-9]
+    run_id, new = _wandb_id(run_dir, resuming)
+    began = (run_dir / "wandb").exists()
     try:
         run = wandb.init(
             project=project,
@@ -224,12 +249,15 @@ def _start_wandb(run_dir: Path, project: str, config: dict[str, Any], group: str
             reinit="create_new",
         )
     except Exception as err:  # wandb's own errors (login, network, settings) have no common base
+        if not began:
+            shutil.rmtree(run_dir / "wandb", ignore_errors=True)
         lines = str(err).strip().splitlines()
         raise MetricsError(
             f"Weights & Biases could not start a run ({type(err).__name__}: "
             f"{lines[0] if lines else ''}); `wandb login`, WANDB_MODE=offline to log locally, "
-            "or wandb=false (wandb >= 0.19.10 is needed for num_seeds > 1)"
+            "or wandb=false"
         ) from None
-    if not id_file.is_file():
-        id_file.write_text(run_id + "\n", encoding="utf-8")
+    if new:
+        record = {"id": run_id, "folder": str(run_dir.resolve())}
+        (run_dir / WANDB_ID_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
     return run

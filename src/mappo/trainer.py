@@ -48,7 +48,7 @@ from mappo.envs.registry import (
 from mappo.envs.registry import make as make_env
 from mappo.evaluation import evaluate
 from mappo.learners import Learner, make_learner
-from mappo.logging import MetricsLogger, ProgressBar
+from mappo.logging import WANDB_ID_FILE, MetricsLogger, ProgressBar
 from mappo.resources import (
     ThreadGovernor,
     available_bytes,
@@ -208,6 +208,7 @@ class Trainer:
             self._restore(checkpoint)
         self.run_dir = run_dir
         self.caller_folder = False
+        self.stacked_dirs: list[Path] = []  # every seed's folder, where this is a stacked seed
         """Whether ``run_dir`` is a folder that existed before this run (a caller's): never
         removed when the run stops before training (:func:`_remove_unstarted`)."""
 
@@ -469,10 +470,12 @@ class Trainer:
             return
         module = imported_module(self.cfg.env.name)
         trust = f" --import {module}" if module else ""
+        # (the seeds of a stacked run resume together: every one of their folders)
+        together = " ".join(str(d) for d in self.stacked_dirs) or str(self.run_dir)
         then = (
             f"evaluate it with: mappo eval {self.run_dir}{trust}"
             if last
-            else f"continue with: mappo train --resume {self.run_dir}{trust}"
+            else f"continue with: mappo train --resume {together}{trust}"
         )
         saved = (
             f"the evaluation at env step {self.env_steps:,} failed; the training up to it is "
@@ -1139,8 +1142,8 @@ def _remove_unstarted(trainer: Trainer, logger: MetricsLogger | None) -> None:
     path = trainer.run_dir
     if path is None or trainer.last_checkpoint is not None:
         return
-    if logger is not None and (logger.rows or logger.wandb or (path / "wandb_id").exists()):
-        return
+    if (logger is not None and logger.rows) or (path / WANDB_ID_FILE).exists():
+        return  # (a W&B run was started: its record stays with the folder)
     with contextlib.suppress(OSError):  # best effort: the run's error is what gets reported
         for name in ("config.yaml", "metrics.csv", ".lock"):
             (path / name).unlink(missing_ok=True)
@@ -1157,6 +1160,19 @@ def _remove_unstarted(trainer: Trainer, logger: MetricsLogger | None) -> None:
             if any(folder.iterdir()):
                 break
             folder.rmdir()
+
+
+def _wandb_group(cfg: TrainConfig) -> str:
+    """The W&B group of a run: its preset (or env) and algorithm, and a short hash of its
+    settings apart from the seed and bookkeeping, so that the seeds of one configuration share
+    a group and a sweep's other settings do not (as ``mappo report`` groups runs)."""
+    import hashlib
+
+    from mappo.experiments.runs import full_config, setting_items
+
+    items = setting_items(full_config(config_mod.to_dict(cfg)))
+    digest = hashlib.sha1(repr(items).encode()).hexdigest()[:6]
+    return f"{cfg.preset or cfg.env.name} {cfg.algo_name} {digest}"
 
 
 def _drop_stale_summary(run_dir: Path, step: int) -> None:
@@ -1183,6 +1199,9 @@ def _run(
     cfg = trainers[0].cfg
     paths = [t.run_dir for t in trainers]
     assert all(p is not None for p in paths)
+    if len(trainers) > 1:
+        for t in trainers:
+            t.stacked_dirs = [p for p in paths if p is not None]
     loggers: list[MetricsLogger] = []
 
     def tidy_unstarted() -> None:
@@ -1207,7 +1226,7 @@ def _run(
                     t.cfg.wandb_project if t.cfg.wandb else None,
                     config_mod.to_dict(t.cfg),
                     resume_step=step,
-                    wandb_group=f"{t.cfg.preset or t.cfg.env.name} {t.cfg.algo_name}",
+                    wandb_group=_wandb_group(t.cfg) if t.cfg.wandb else None,
                 )
                 stack.push(logger.exit)
                 loggers.append(logger)
@@ -1229,15 +1248,19 @@ def _run(
                         t.check_someone_alive()
                     signalled = trainers[0].stop_signal is not None
                     stopping = False
+                    failed: Exception | None = None
                     for k, (t, result) in enumerate(zip(trainers, results, strict=True)):
                         shown = progress if k == 0 else None
                         try:
                             stopping = t.after_iteration(result, loggers[k], shown, signalled)
-                        except Exception:
-                            # (an evaluation that raised saved its seed's iteration) the other
-                            # seeds save theirs too: stacked seeds resume at one iteration
-                            _save_unsaved(trainers)
-                            raise
+                        except Exception as err:
+                            # (an evaluation that raised logged and saved its seed's iteration)
+                            # the other seeds log and save theirs too: stacked seeds resume at
+                            # one iteration, each with its rows
+                            failed = failed or err
+                    if failed is not None:
+                        _save_unsaved(trainers)
+                        raise failed
                     if stopping:
                         trainers[0].raise_interrupted([t.run_dir for t in trainers[1:]])  # type: ignore[misc]
                 summaries = [t.finish() for t in trainers]

@@ -132,10 +132,13 @@ def normalized_advantages(adv: Tensor, alive: Tensor, per_agent: bool) -> Tensor
     scales, or agents with networks of their own, do not shrink one another's advantages."""
     dims = (0, 1) if per_agent else (0, 1, 2)
     weight = alive.to(adv.dtype)
-    count = weight.sum(dims, keepdim=True).clamp_min(1.0)
+    alive_steps = weight.sum(dims, keepdim=True)
+    count = alive_steps.clamp_min(1.0)
     mean = (adv * weight).sum(dims, keepdim=True) / count
     std = (((adv - mean) * weight).square().sum(dims, keepdim=True) / count).sqrt()
-    return (adv - mean) / (std + 1e-5)
+    # An agent (or group) never alive in the rollout has no statistics: its advantages, which
+    # only policy_active_masks=false trains on, are 0 rather than divided by 1e-5.
+    return torch.where(alive_steps > 0, (adv - mean) / (std + 1e-5), 0.0)
 
 
 def _chunk(x: Tensor, length: int) -> Tensor:

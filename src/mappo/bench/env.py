@@ -340,7 +340,14 @@ def run_env_bench(
                             "state_diff": diff,
                         }
                     )
-        if include_pettingzoo and any(n.startswith(_PARTICLE_PREFIXES) for n in env_names):
+        particles = any(n.startswith(_PARTICLE_PREFIXES) for n in env_names)
+        if include_pettingzoo and particles and importlib.util.find_spec("mpe2") is None:
+            warnings.warn(
+                "the mpe2 reference row is left out: mpe2 is not installed "
+                "(`pip install 'mappo[pettingzoo]'`)",
+                stacklevel=2,
+            )
+        elif include_pettingzoo and particles:
             sps = bench_pettingzoo_mpe(seconds)
             rows.append({"env": "mpe2", "num_envs": 1, "steps_per_second": sps, "device": "cpu"})
         hanabi = sorted({n for n in env_names if n.startswith("hanabi/full-")})

@@ -42,7 +42,7 @@ from __future__ import annotations
 import abc
 import functools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -373,7 +373,13 @@ def _check_early_output(env: BatchedEnv, step: Any, method: str) -> None:
         check_output(env, step, method)
 
 
-_GROUP_NAME = re.compile(r"[^.]+")  # torch's module dicts refuse '' and '.'; nothing else
+_GROUP_NAME = re.compile(r"[^.]+")  # torch's module dicts refuse '' and '.'
+
+
+def _taken_by_module_dicts(name: str) -> bool:
+    """Whether torch's ``nn.ModuleDict`` refuses ``name`` as a key: its own attributes
+    (``items``, ``train``, ``training``...), which the networks' per-group dicts would shadow."""
+    return hasattr(torch.nn.ModuleDict(), name)
 
 
 def check_spec(env: BatchedEnv) -> None:
@@ -399,11 +405,12 @@ def check_spec(env: BatchedEnv) -> None:
         raise EnvError(f"{name}: groups must be a dict of at least one GroupSpec")
     seen: dict[str, str] = {}  # agent name -> its group
     for g, gs in spec.groups.items():
-        if not isinstance(g, str) or not _GROUP_NAME.fullmatch(g):
-            # Group names key the networks' module dicts, where '.' or '' is a torch error.
+        if not isinstance(g, str) or not _GROUP_NAME.fullmatch(g) or _taken_by_module_dicts(g):
+            # Group names key the networks' module dicts, where these are torch errors.
             raise EnvError(
-                f"{name}: group name {g!r} must be a non-empty name without '.'; rename the "
-                "group (e.g. 'red_team')"
+                f"{name}: group name {g!r} must be a non-empty name without '.' and not one of "
+                "torch's module attributes (items, train, ...); rename the group (e.g. "
+                "'red_team')"
             )
         if not isinstance(gs, GroupSpec):
             raise EnvError(f"{name}: group '{g}' must be a GroupSpec, got {type(gs).__name__}")
@@ -469,8 +476,18 @@ def check_output(env: BatchedEnv, step: Any, method: str = "step") -> None:
             raise EnvError(
                 f"{name}: {part} has the groups {sorted(got)}, the spec's are {sorted(spec.groups)}"
             )
+    if not isinstance(step.action_mask, Mapping):
+        raise EnvError(
+            f"{name}: action_mask must be a dict of masks per group (empty for none), got "
+            f"{type(step.action_mask).__name__}"
+        )
     for g in step.action_mask:
-        if g not in spec.groups or not spec.groups[g].has_action_mask:
+        if g not in spec.groups:
+            raise EnvError(
+                f"{name}: action_mask has group '{g}', which the spec does not have (its groups: "
+                f"{sorted(spec.groups)})"
+            )
+        if not spec.groups[g].has_action_mask:
             # Actions would be sampled with the mask and scored by the loss without it.
             raise EnvError(
                 f"{name}: action_mask has group '{g}', whose spec does not say "

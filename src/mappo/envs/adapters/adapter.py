@@ -41,6 +41,7 @@ observations come back to ``device`` once per step, as one copy per array.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import traceback
@@ -644,8 +645,10 @@ class GymnasiumAdapter(ParallelEnvAdapter):
         kwargs = dict(env_kwargs or {})
         if isinstance(env, str):
             name = name or f"gymnasium:{env}"
-            _require(name, "gymnasium")
             package, sep, _ = env.partition(":")
+            if sep:  # (its extra, lbf or rware, brings gymnasium too: named first)
+                _require_extra(name, package)
+            _require(name, "gymnasium")
             if sep:
                 _require(name, package)
             factory: _worker.Factory = ("gymnasium", env, kwargs)
@@ -704,6 +707,17 @@ def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     env_kwargs.update(kwargs.get("env_kwargs") or {})
     options.pop("name", None)
     return options, env_kwargs
+
+
+def _require_extra(env_name: str, module: str) -> None:
+    """Refuse a ``module`` of one of the project's extras that is not installed, naming that
+    extra (the whole fix), before its dependencies' own extras are named one by one."""
+    top = module.split(".")[0]
+    if top in EXTRAS and importlib.util.find_spec(top) is None:
+        raise EnvError(
+            f"{env_name} needs the Python package '{top}', which is not installed; install it "
+            f"with `pip install 'mappo[{EXTRAS[top]}]'`"
+        )
 
 
 def _require(env_name: str, module: str) -> None:

@@ -1,0 +1,7 @@
+"""``python -m mappo``: the ``mappo`` command."""
+
+import sys
+
+from mappo.cli import main
+
+sys.exit(main())
