@@ -79,7 +79,8 @@ def test_a_wandb_run_keeps_its_id_on_resume_and_seeds_log_apart(tmp_path, fake_w
     shutil.copytree(run.dir, copy)  # a copy to fork from: a W&B run of its own
     resume(run.dir, {"total_env_steps": 4 * 25 * 6})
     assert _inits(fake_wandb.calls)[-1]["id"] == first["id"]  # the same W&B run continues
-    resume(copy, {"total_env_steps": 4 * 25 * 6})
+    with pytest.warns(UserWarning, match="continues in a new Weights & Biases run: its wandb_id"):
+        resume(copy, {"total_env_steps": 4 * 25 * 6})
     assert _inits(fake_wandb.calls)[-1]["id"] != first["id"]
     # a fresh run in a folder that holds another run's id starts a W&B run of its own
     caller = tmp_path / "mine"
@@ -90,11 +91,8 @@ def test_a_wandb_run_keeps_its_id_on_resume_and_seeds_log_apart(tmp_path, fake_w
     # another setting is another group; a run that fails is marked so
     fake_wandb.calls.clear()
 
-    def fails(*_args, **_kwargs):  # noqa: ANN002, ANN003, ANN202
-        raise RuntimeError("an update that fails")
-
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("mappo.trainer.Trainer.after_iteration", fails)
+        patch.setattr("mappo.trainer.Trainer.after_iteration", _fails)
         with pytest.raises(RuntimeError, match="an update that fails"):
             other_cfg = {**TINY, "run_dir": str(tmp_path / "c"), "wandb": True, "algo.clip": 0.1}
             train("mpe/simple_spread_fast", other_cfg)
@@ -137,11 +135,35 @@ def test_a_wandb_run_opens_without_wandb_and_resumes_with_wandb_false(tmp_path, 
     resume(run.dir, {"total_env_steps": 4 * 25 * 6, "wandb": False})
 
 
-def test_wandb_that_cannot_start_is_one_line_and_leaves_no_folder(tmp_path, fake_wandb):
+def test_wandb_that_cannot_start_is_one_line_and_leaves_no_folder(tmp_path, fake_wandb) -> None:
     fake_wandb.fail = True
     with pytest.raises(MetricsError, match="Weights & Biases could not start a run "):
         train("mpe/simple_spread_fast", {**TINY, "run_dir": str(tmp_path), "wandb": True})
     assert not any(tmp_path.iterdir())
+    # a resume that cannot start W&B leaves the run's files as they were
+    fake_wandb.fail = False
+    run = train("mpe/simple_spread_fast", {**TINY, "run_dir": str(tmp_path), "wandb": True})
+    for path in sorted((run.dir / "checkpoints").glob("*.pt"))[-2:]:
+        path.unlink()  # (a resume from an older checkpoint would cut metrics.csv)
+    before = {p: p.read_bytes() for p in run.dir.rglob("*") if p.is_file()}
+    fake_wandb.fail = True
+    with pytest.raises(MetricsError, match="could not start a run \\(RuntimeError: api_key not"):
+        resume(run.dir, {"total_env_steps": 4 * 25 * 6})
+    assert {p: p.read_bytes() for p in run.dir.rglob("*") if p.is_file()} == before
+    # a caller's folder holding an old run's wandb_id is tidied like any other when a fresh
+    # run without W&B stops before training (it kept its config.yaml, and refused the next)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "wandb_id").write_text("{}")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("mappo.trainer.Trainer.after_iteration", _fails)
+        with pytest.raises(RuntimeError):
+            train("mpe/simple_spread_fast", TINY, run_dir=mine)
+    assert sorted(p.name for p in mine.iterdir()) == ["wandb_id"]
+
+
+def _fails(*_args: object, **_kwargs: object) -> None:
+    raise RuntimeError("an update that fails")
 
 
 def test_tensorboard_keeps_the_step_a_resume_starts_from(tmp_path):

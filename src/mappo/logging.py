@@ -9,6 +9,7 @@ import math
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -146,12 +147,14 @@ class MetricsLogger:
             self.columns, self.rows = _read_rows(self.path, resume_step)  # (checked, not yet cut)
         self.tb = None
         self.wandb = None
+        self.wandb_started = False  # (a W&B run now exists for this folder: keep its record)
         if wandb_project:
             # First: W&B is what most often fails to start (no login, no network), and a
             # resume that fails must leave the run's files as they were.
             self.wandb = _start_wandb(
                 run_dir, wandb_project, config, wandb_group, resume_step is not None
             )
+            self.wandb_started = True
         try:
             if resume_step is not None and self.path.exists():
                 self._rewrite()
@@ -209,10 +212,11 @@ WANDB_ID_FILE = "wandb_id"
 """The file in a run folder that holds its W&B run id and the folder it was made for."""
 
 
-def _wandb_id(run_dir: Path, resuming: bool) -> tuple[str, bool]:
-    """The W&B run id for ``run_dir`` and whether it is new: the folder's own on a resume, a
-    new one on a fresh start, or where the folder is a copy of another run's (its id was made
-    for another path: both would write into one W&B run)."""
+def _wandb_id(run_dir: Path, resuming: bool) -> tuple[str, str | None, bool]:
+    """The W&B run id for ``run_dir``, the group it started in (None for a new run) and whether
+    it is new: the folder's own on a resume, a new one on a fresh start, or where the folder is
+    a copy of another run's (its id was made for another path: both would write into one W&B
+    run), with a warning where a resume starts a new W&B run."""
     import secrets
 
     path = run_dir / WANDB_ID_FILE
@@ -220,10 +224,15 @@ def _wandb_id(run_dir: Path, resuming: bool) -> tuple[str, bool]:
         try:
             saved = json.loads(path.read_text(encoding="utf-8"))
             if saved.get("folder") == str(run_dir.resolve()):
-                return str(saved["id"]), False
+                return str(saved["id"]), saved.get("group"), False
+            why = f"its {WANDB_ID_FILE} was made for the folder '{saved.get('folder')}'"
         except (OSError, ValueError, AttributeError, KeyError):
-            pass  # unreadable: a new W&B run, as for a copy
-    return secrets.token_hex(4), True  # (W&B's own ids are 8 characters of [a-z0-9])
+            why = f"its {WANDB_ID_FILE} cannot be read"
+        warnings.warn(
+            f"'{run_dir}' continues in a new Weights & Biases run: {why} (a copied or moved run)",
+            stacklevel=4,
+        )
+    return secrets.token_hex(4), None, True  # (W&B's own ids are 8 characters of [a-z0-9])
 
 
 def _start_wandb(
@@ -235,7 +244,8 @@ def _start_wandb(
     cannot start (no login, no network), removing the ``wandb`` folder it began."""
     import wandb  # presence and version checked with the config, before the run started
 
-    run_id, new = _wandb_id(run_dir, resuming)
+    run_id, first_group, new = _wandb_id(run_dir, resuming)
+    group = first_group or group  # (a resume stays in its group, whatever the settings now)
     began = (run_dir / "wandb").exists()
     try:
         run = wandb.init(
@@ -251,13 +261,13 @@ def _start_wandb(
     except Exception as err:  # wandb's own errors (login, network, settings) have no common base
         if not began:
             shutil.rmtree(run_dir / "wandb", ignore_errors=True)
-        lines = str(err).strip().splitlines()
+        # (a settings error's first line only counts its errors: the next ones say which)
+        said = " ".join(line.strip() for line in str(err).strip().splitlines()[:3])[:300]
         raise MetricsError(
-            f"Weights & Biases could not start a run ({type(err).__name__}: "
-            f"{lines[0] if lines else ''}); `wandb login`, WANDB_MODE=offline to log locally, "
-            "or wandb=false"
+            f"Weights & Biases could not start a run ({type(err).__name__}: {said}); "
+            "`wandb login`, WANDB_MODE=offline to log locally, or wandb=false"
         ) from None
     if new:
-        record = {"id": run_id, "folder": str(run_dir.resolve())}
+        record = {"id": run_id, "folder": str(run_dir.resolve()), "group": group}
         (run_dir / WANDB_ID_FILE).write_text(json.dumps(record) + "\n", encoding="utf-8")
     return run

@@ -48,7 +48,7 @@ from mappo.envs.registry import (
 from mappo.envs.registry import make as make_env
 from mappo.evaluation import evaluate
 from mappo.learners import Learner, make_learner
-from mappo.logging import WANDB_ID_FILE, MetricsLogger, ProgressBar
+from mappo.logging import MetricsLogger, ProgressBar
 from mappo.resources import (
     ThreadGovernor,
     available_bytes,
@@ -208,9 +208,9 @@ class Trainer:
             self._restore(checkpoint)
         self.run_dir = run_dir
         self.caller_folder = False
-        self.stacked_dirs: list[Path] = []  # every seed's folder, where this is a stacked seed
         """Whether ``run_dir`` is a folder that existed before this run (a caller's): never
         removed when the run stops before training (:func:`_remove_unstarted`)."""
+        self.stacked_dirs: list[Path] = []  # every seed's folder, where this is a stacked seed
 
     @property
     def policy(self) -> Any:
@@ -1142,7 +1142,7 @@ def _remove_unstarted(trainer: Trainer, logger: MetricsLogger | None) -> None:
     path = trainer.run_dir
     if path is None or trainer.last_checkpoint is not None:
         return
-    if (logger is not None and logger.rows) or (path / WANDB_ID_FILE).exists():
+    if logger is not None and (logger.rows or logger.wandb_started):
         return  # (a W&B run was started: its record stays with the folder)
     with contextlib.suppress(OSError):  # best effort: the run's error is what gets reported
         for name in ("config.yaml", "metrics.csv", ".lock"):

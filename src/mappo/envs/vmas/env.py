@@ -53,6 +53,7 @@ import contextlib
 import importlib
 import random
 import re
+import traceback
 import types
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -209,8 +210,6 @@ class VmasEnv(BatchedEnv):
                 what = one_line(err)
                 if isinstance(err, AssertionError) and not str(err).strip():
                     # A bare assert says nothing; its source line names the parameter it checks.
-                    import traceback
-
                     frames = traceback.extract_tb(err.__traceback__)
                     if frames and frames[-1].line:
                         what = f"AssertionError at `{frames[-1].line}`"
