@@ -189,6 +189,10 @@ def test_bad_names_and_parameters_raise() -> None:
         make("smac/3m", jitter=-1.0)
     with pytest.raises(EnvError, match="reward_scale_rate"):
         make("smac/3m", reward_scale_rate=0)
+    with pytest.raises(EnvError, match="reward_scale_rate must be a positive finite number"):
+        make("smac/3m", reward_scale_rate=float("inf"))  # (every quiet step's reward was NaN)
+    with pytest.raises(EnvError, match="reward_only_positive must be true or false, got 'false'"):
+        make("smac/3m", reward_only_positive="false")  # (read as true)
     with pytest.raises(EnvError, match="unknown parameter 'jiter'; did you mean 'jitter'"):
         make("smac/3m", jiter=0.1)
     with pytest.raises(EnvError, match="'map_name' is set by the env's name"):

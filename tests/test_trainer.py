@@ -327,7 +327,9 @@ def test_load_policy_acts_outside_training(tmp_path):
     assert actions["agents"].shape == (3, 2, 2)
     step = env.step(actions)
     actions = policy.act(step)  # an EnvStep works too, carrying episode starts
-    single = policy.act({"agents": step.obs["agents"][0].numpy()})
+    assert policy.act(step.obs, starts=False)["agents"].shape == (3, 2, 2)  # one flag for all
+    with pytest.warns(UserWarning, match="recurrent state was kept for 3 envs and is started"):
+        single = policy.act({"agents": step.obs["agents"][0].numpy()})
     assert single["agents"].shape == (2, 2)
     with pytest.raises(ValueError, match="group 'agents' have shape"):
         policy.act({"agents": torch.zeros(3, 2, 7)})

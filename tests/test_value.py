@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -702,3 +703,14 @@ def test_resume_refuses_a_new_mixer_or_optimiser_before_writing(tmp_path, capsys
         assert "\n" not in err
     now = {p: p.read_bytes() for p in run.dir.rglob("*") if p.is_file() and p.name != ".lock"}
     assert now == saved
+
+
+def test_a_value_algorithm_over_a_mappo_preset_names_its_own_preset() -> None:
+    """smac/3m_fast with algo.name=qmix keeps 64 envs and no GRU; smac/3m_qmix has PyMARL's."""
+    from mappo.trainer import _warn_new_run
+
+    with pytest.warns(UserWarning, match="over smac/3m_fast keeps that preset's env and model"):
+        _warn_new_run(C.load("smac/3m_fast", ["algo.name=qmix"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_new_run(C.load("smac/3m_qmix"))  # the algorithm's own preset: nothing to say

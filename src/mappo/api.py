@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -113,14 +114,23 @@ class Policy:
             )
         E = next(iter(obs.values())).shape[0]
         if self._states is None or next(iter(self._states.values())).shape[0] != E:
+            before = None if self._states is None else next(iter(self._states.values()))
+            if before is not None and before.shape[-1] > 0:
+                # (acting on the envs still running, say, would forget every env's memory)
+                warnings.warn(
+                    f"the recurrent state was kept for {before.shape[0]} envs and is started "
+                    f"afresh for {E}: act on the same envs every call (give finished ones "
+                    "starts=True), or call reset() where that is meant",
+                    stacklevel=2,
+                )
             self._states = self.model.acting_states(E, self.device)
             starts_t = torch.ones(E, dtype=torch.bool, device=self.device)
         elif starts is None:
             starts_t = torch.zeros(E, dtype=torch.bool, device=self.device)
-        elif starts is True:
-            starts_t = torch.ones(E, dtype=torch.bool, device=self.device)
         else:
             starts_t = _as_tensor(starts, torch.bool, self.device, "starts")
+            if starts_t.numel() == 1:  # one flag for every env (True, False, np.True_, 0)
+                starts_t = starts_t.reshape(1).expand(E)
             if starts_t.numel() != E:
                 raise ValueError(f"starts must hold one flag per env ({E}), got {starts_t.numel()}")
             starts_t = starts_t.reshape(E)

@@ -619,6 +619,15 @@ def _warn_new_run(cfg: TrainConfig) -> None:
             "trains in full; lower env.num_envs for a shorter run",
             stacklevel=3,
         )
+    own = f"{cfg.env.name}_{cfg.algo.name}"
+    if cfg.preset and cfg.preset != own and own in config_mod.list_presets():
+        # A MAPPO preset's env and network settings (64 envs, no GRU) are not the ones the
+        # algorithm's own preset takes from PyMARL (one env, a GRU, agent ids).
+        warnings.warn(
+            f"algo.name={cfg.algo.name} over {cfg.preset} keeps that preset's env and model "
+            f"settings; {own} holds {cfg.algo.name}'s own for this task",
+            stacklevel=3,
+        )
     if imported_module(cfg.env.name) == "__main__":
         warnings.warn(
             f"env.name={cfg.env.name} is a class of the running script, which no other "

@@ -168,19 +168,21 @@ class SMACEnv(BatchedEnv):
             raise EnvError(
                 f"{self.name}: reward_scale_rate must be a number, got {reward_scale_rate!r}"
             )
-        if not reward_scale_rate > 0:
+        if not 0 < reward_scale_rate < math.inf:  # (inf made every quiet step's reward NaN)
             raise EnvError(
-                f"{self.name}: reward_scale_rate must be positive, got {reward_scale_rate}"
+                f"{self.name}: reward_scale_rate must be a positive finite number, got "
+                f"{reward_scale_rate}"
             )
         self.jitter = float(jitter)
-        self.reward_only_positive = bool(reward_only_positive)
         self.reward_scale_rate = float(reward_scale_rate)
         for key, flag in (
+            ("reward_only_positive", reward_only_positive),  # ('false' read as true)
             ("regeneration_reward", regeneration_reward),
             ("agent_state", agent_state),
         ):
             if not isinstance(flag, bool):
                 raise EnvError(f"{self.name}: {key} must be true or false, got {flag!r}")
+        self.reward_only_positive = reward_only_positive
         self.regeneration_reward = regeneration_reward
         self.with_agent_state = agent_state
 
