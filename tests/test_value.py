@@ -715,3 +715,4 @@ def test_a_value_algorithm_over_a_mappo_preset_names_its_own_preset() -> None:
         warnings.simplefilter("error")
         _warn_new_run(C.load("smac/3m_qmix"))  # the algorithm's own preset: nothing to say
         _warn_new_run(C.load("mpe/simple_spread"))  # (mpe/simple_spread_mappo is MAPPO's too)
+        _warn_new_run(C.load("smac/3m_qmix_fast"))  # a QMIX preset of its own

@@ -621,7 +621,12 @@ def _warn_new_run(cfg: TrainConfig) -> None:
         )
     own = f"{cfg.env.name}_{cfg.algo.name}"  # (a value method's preset: smac/3m_qmix)
     value_family = cfg.algo.name != "mappo"  # (mpe/simple_spread_mappo is a MAPPO variant)
-    if value_family and cfg.preset and cfg.preset != own and own in config_mod.list_presets():
+    if (
+        value_family
+        and cfg.preset
+        and own in config_mod.list_presets()
+        and config_mod.load(cfg.preset).algo.name != cfg.algo.name  # (not smac/3m_qmix_fast)
+    ):
         # A MAPPO preset's env and network settings (64 envs, no GRU) are not the ones the
         # algorithm's own preset takes from PyMARL (one env, a GRU, agent ids).
         warnings.warn(
