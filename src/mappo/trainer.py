@@ -352,11 +352,8 @@ class Trainer:
     def _nonfinite_rollout(self) -> str | None:
         """Which of the last rollout's observations or rewards hold NaN or inf (``"obs of
         group 'g'"``), where the learner keeps such a rollout (MAPPO's); else None."""
-        own = getattr(self.learner, "last_rollout", None)  # a seed of a stacked run's rows
-        if callable(own):
-            rollout = own()
-        else:
-            rollout = getattr(getattr(self.learner, "collector", None), "rollout", None)
+        last = getattr(self.learner, "last_rollout", None)  # (MAPPO's learners and seeds)
+        rollout = last() if last is not None else None
         for name, buf in getattr(rollout, "groups", {}).items():
             for part in ("obs", "rewards"):
                 x = getattr(buf, part, None)

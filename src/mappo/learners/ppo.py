@@ -33,6 +33,7 @@ from mappo.compiled import (
     wanted,
 )
 from mappo.config import TrainConfig
+from mappo.data import Rollout
 from mappo.envs.base import BatchedEnv
 from mappo.nn.actor_critic import ActorCritic
 from mappo.rollout import (
@@ -170,6 +171,10 @@ class PPOLearner:
     @property
     def tracker(self) -> EpisodeTracker:
         return self.collector.tracker
+
+    def last_rollout(self) -> Rollout | None:
+        """The collector's last rollout (what a diverged update is checked against)."""
+        return self.collector.rollout
 
     def iterate(self, iteration: int, env_steps: int) -> dict[str, float]:
         """Collect one rollout and update once; returns the env steps taken, timings and losses."""
