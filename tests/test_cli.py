@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import shlex
+import shutil
 import subprocess
 import sys
 import warnings
@@ -287,6 +289,17 @@ def test_train_given_a_run_directory_says_how_to_resume_it(trained, capsys):
     assert code == 2 and err.count("\n") == 1
     assert f"'{trained}' is a run directory" in err
     assert f"mappo train --resume {trained} total_env_steps=600`" in err
+
+
+def test_resume_command_printed_for_a_folder_with_a_space_pastes_as_one_word(
+    trained, tmp_path, capsys
+):
+    spaced = tmp_path / "my runs" / "spread 1"
+    shutil.copytree(trained, spaced)
+    code, _, err = _run(capsys, "train", str(spaced), "train.lr=1e-3")
+    assert code == 2
+    command = err.split("`")[1]
+    assert shlex.split(command) == ["mappo", "train", "--resume", str(spaced), "train.lr=1e-3"]
 
 
 def test_version_names_mappo_torch_and_python(capsys):

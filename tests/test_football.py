@@ -234,6 +234,8 @@ def test_bad_football_input_is_one_line(tmp_path: Path, capsys, monkeypatch) -> 
     assert main(["train", SCENARIO, "progress=false"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "docs/football.md" in err
+    # (a wheel has neither the docs nor the script: the message has the commands itself)
+    assert "pip install --no-build-isolation --no-deps gfootball==2.10.2" in err
 
 
 def test_a_run_whose_games_do_not_fit_in_memory_is_refused(tmp_path: Path, capsys, monkeypatch):

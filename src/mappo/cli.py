@@ -20,6 +20,7 @@ import functools
 import json
 import math
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -139,10 +140,11 @@ def cmd_train(args: argparse.Namespace) -> int:
             )
         folder = Path(args.config)
         if (folder / "config.yaml").is_file() or (folder / "checkpoints").is_dir():
-            words = "".join(f" {w}" for w in args.overrides) + _import_option(folder)
+            words = "".join(f" {shlex.quote(w)}" for w in args.overrides) + _import_option(folder)
             raise config_mod.ConfigError(
                 f"'{folder}' is a run directory; continue it with `mappo train --resume "
-                f"{folder}{words}` (a preset name or a YAML file starts a new run)"
+                f"{shlex.quote(str(folder))}{words}` (a preset name or a YAML file starts a new "
+                "run)"
             )
         cfg = config_mod.load(args.config, args.overrides)
         runs = train_seeds(cfg) if cfg.num_seeds > 1 else [train(cfg)]
@@ -445,7 +447,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     if given.is_file() or (given / "config.yaml").is_file():  # a run or a checkpoint
         raise config_mod.ConfigError(
             f"render draws an env by name with random actions, and '{args.env}' is a path; to "
-            f"record a trained run's policy use: mappo eval {args.env} --gif out.gif"
+            f"record a trained run's policy use: mappo eval {shlex.quote(args.env)} --gif out.gif"
         )
     _check_gif_path(args.gif)
     with make(args.env, num_envs=1, seed=args.seed, **kwargs) as env:
@@ -1006,7 +1008,7 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
         else:
-            dirs = " ".join(str(d) for d in err.run_dirs)
+            dirs = shlex.join(str(d) for d in err.run_dirs)
             if err.saved_at_stop:
                 what = f"interrupted at env step {err.env_steps:,}; saved {err.checkpoint}"
                 what += " and the other seeds' checkpoints" if len(err.run_dirs) > 1 else ""

@@ -13,6 +13,7 @@ import json
 import math
 import os
 import re
+import shlex
 import signal
 import threading
 import time
@@ -468,9 +469,10 @@ class Trainer:
         module = imported_module(self.cfg.env.name)
         trust = f" --import {module}" if module else ""
         # (the seeds of a stacked run resume together: every one of their folders)
-        together = " ".join(str(d) for d in self.stacked_dirs) or str(self.run_dir)
+        # (quoted as a shell reads them: a folder name with spaces stays one word)
+        together = shlex.join(str(d) for d in self.stacked_dirs or [self.run_dir])
         then = (
-            f"evaluate it with: mappo eval {self.run_dir}{trust}"
+            f"evaluate it with: mappo eval {shlex.quote(str(self.run_dir))}{trust}"
             if last
             else f"continue with: mappo train --resume {together}{trust}"
         )

@@ -31,6 +31,16 @@ from mappo.envs.adapters.adapter import ParallelEnvAdapter, _split_kwargs
 from mappo.envs.base import EnvError
 from mappo.envs.registry import register, register_scheme
 
+# Said where gfootball is missing; self-contained, since an installed wheel has neither the
+# script nor the docs it names.
+BUILD_HINT = (
+    "it builds from source: install cmake and the SDL2, Boost and OpenGL headers, then `pip "
+    "install psutil wheel setuptools && pip install --no-build-isolation --no-deps "
+    "gfootball==2.10.2` and the football extra (`pip install 'mappo[football]'`); from the "
+    "project's source, scripts/install_football.sh does all of it (docs/football.md explains it)"
+)
+
+
 SCENARIOS = {
     "academy_3_vs_1_with_keeper": (3, "3 attackers against a defender and the keeper"),
     "academy_counterattack_easy": (4, "4 attackers on a counterattack against 1 defender"),
@@ -86,7 +96,7 @@ class FootballEnv(ParallelEnvAdapter):
         if spec is None:
             raise EnvError(
                 f"{name} needs Google Research Football (the Python package 'gfootball'), which "
-                "is not installed; docs/football.md has the commands that build and install it"
+                f"is not installed; {BUILD_HINT}"
             )
         # GRF exits the process on an unknown scenario: check the name first, by its file (the
         # package is not imported here: it imports gym, which prints a notice).

@@ -81,13 +81,15 @@ class FootballParallelEnv:
                 import gfootball.env as football_env
         except ModuleNotFoundError as err:
             if (err.name or "").split(".")[0] == "gfootball":
+                from mappo.envs.football import BUILD_HINT
+
                 raise ModuleNotFoundError(
-                    "Google Research Football is not installed; docs/football.md has the "
-                    "commands that build it"
+                    f"Google Research Football is not installed; {BUILD_HINT}"
                 ) from err
             raise ModuleNotFoundError(
                 f"Google Research Football needs the Python module {err.name!r}: install the "
-                "project's football extra (pip install -e '.[football]')"
+                "project's football extra (pip install 'mappo[football]', or -e '.[football]' "
+                "from its source)"
             ) from err
         from gymnasium import spaces
 
