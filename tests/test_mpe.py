@@ -330,6 +330,11 @@ def test_bad_action_batches_raise() -> None:
         env.step({"agents": good + 5})
     with pytest.raises(ActionError, match="groups"):
         env.step({"speaker": good})
+    # (a dict nested by mistake, ragged lists: numpy cannot make an array of them)
+    with pytest.raises(ActionError, match=r"'agents' must be a tensor or array of shape \(2, 3\)"):
+        env.step({"agents": {"agents": good}})
+    with pytest.raises(ActionError, match="not one"):
+        env.step({"agents": [[0, 1, 2], [0, 1]]})
     ref = make("mpe/simple_reference", num_envs=2)
     with pytest.raises(ActionError, match="out of range"):
         ref.step({"agents": torch.tensor([[[0, 10], [0, 0]]] * 2)})

@@ -221,7 +221,15 @@ class BatchedEnv(abc.ABC):
         for name, group in self.spec.groups.items():
             a = actions[name]
             if not isinstance(a, Tensor):
-                a = torch.as_tensor(np.asarray(a))
+                try:
+                    a = torch.as_tensor(np.asarray(a))
+                except (TypeError, ValueError, RuntimeError) as err:  # a dict, ragged lists
+                    raise ActionError(
+                        f"{self.name}: actions for group '{name}' must be a tensor or array of "
+                        f"shape ({self.num_envs}, {group.num_agents}"
+                        f"{'' if group.action.num_heads == 1 else f', {group.action.num_heads}'}"
+                        f"), got a {type(a).__name__} that is not one ({err})"
+                    ) from None
             expected = (self.num_envs, group.num_agents, group.action.num_heads)
             if a.dim() == 2 and group.action.num_heads == 1:
                 a = a.unsqueeze(-1)
