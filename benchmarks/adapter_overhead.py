@@ -46,7 +46,7 @@ def cpu_seconds(pids: list[int]) -> float | None:
     total = 0.0
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/stat") as f:
+            with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             return None

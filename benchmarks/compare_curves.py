@@ -17,7 +17,7 @@ from pathlib import Path
 
 
 def read_curve(path: Path, x: str, y: str) -> list[tuple[float, float]]:
-    with path.open(newline="") as f:
+    with path.open(encoding="utf-8", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get(y) not in (None, "")]
     return [(float(r[x]), float(r[y])) for r in rows]
 

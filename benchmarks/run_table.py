@@ -22,7 +22,7 @@ from pathlib import Path
 
 
 def _rows(path: Path) -> list[dict[str, str]]:
-    with open(path / "metrics.csv", newline="") as f:
+    with open(path / "metrics.csv", encoding="utf-8", newline="") as f:
         return list(csv.DictReader(f))
 
 

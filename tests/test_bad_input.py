@@ -112,7 +112,7 @@ def _ckpts(run: Path) -> list[Path]:
 def _hold_lock(ctx: Ctx) -> None:
     import fcntl
 
-    f = open(ctx.copy / ".lock", "a+")  # noqa: SIM115 - held until the test ends
+    f = open(ctx.copy / ".lock", "a+", encoding="utf-8")  # noqa: SIM115 - held until the test ends
     fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     f.write("4242")
     f.flush()
@@ -709,6 +709,22 @@ def test_resume_skips_a_truncated_newest_checkpoint(trained, tmp_path, capsys):
     assert not stale.exists()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["env_steps"] == 400
+
+
+def test_checkpoints_set_aside_twice_under_one_name_are_both_kept(tmp_path):
+    # Resumed from iteration 2 after iteration 4 was set aside, the run reached 4 again and
+    # is resumed from 2 once more: the second file set aside must not replace the first.
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for it, data in ((2, b"two"), (4, b"first four")):
+        (folder / f"iter_{it:08d}.pt").write_bytes(data)
+    (folder / "iter_00000004.pt.unusable").write_bytes(b"set aside before")
+    mappo.checkpoint.tidy_for_resume(tmp_path, folder / "iter_00000002.pt")
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == {
+        "iter_00000002.pt": b"two",
+        "iter_00000004.pt.unusable": b"set aside before",
+        "iter_00000004.pt.unusable2": b"first four",
+    }
 
 
 def test_resume_leaves_out_a_metrics_row_cut_off_in_its_write(trained, tmp_path, capsys):

@@ -538,7 +538,7 @@ def test_the_native_library_shares_torchs_openmp_threads():
         pytest.skip(f"the compiler does not build OpenMP code here: {err}")
     games = HanabiGames(HanabiRules(), 600, backend="native")
     assert games.native._openmp
-    with open("/proc/self/maps") as maps:
+    with open("/proc/self/maps", encoding="utf-8") as maps:
         runtimes = {line.split()[-1] for line in maps if "libgomp" in line}
     assert len(runtimes) == 1, runtimes
 

@@ -19,7 +19,7 @@ def _module():
 def _write_run(run: Path, rows: list[dict[str, object]]) -> None:
     run.mkdir(parents=True)
     fields = ["env_steps", "wall_seconds", "train/episode_return", "eval/eval_battle_won"]
-    with open(run / "metrics.csv", "w", newline="") as f:
+    with open(run / "metrics.csv", "w", encoding="utf-8", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)

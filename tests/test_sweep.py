@@ -211,6 +211,32 @@ def test_a_failing_trial_is_reported_and_the_others_finish(tmp_path, capsys):
     assert "2 finished before, 1 to run" in capsys.readouterr().out
 
 
+def test_a_sweep_writes_text_as_utf8_under_a_locale_that_cannot_encode_it(tmp_path):
+    # Windows opens text files in cp1252 unless told otherwise; an ASCII locale imitates it.
+    spec_path = _write_spec(
+        tmp_path,
+        "presets: [TINY]\nseeds: [1]\ndescription: entropy \u03bb \u2265 0\n"
+        "grid: {env.kwargs.num_agents: [2, 0]}\n",
+    )
+    env = {**os.environ, "LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
+    out = subprocess.run(
+        [sys.executable, "-m", "mappo.cli", "sweep", str(spec_path), "--dir", str(tmp_path / "sw")]
+        + ["--backend", "serial"],
+        env=env,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=300,
+    )
+    # one trial fails (no agents), the other finishes; neither write raises
+    assert out.returncode == 1 and "1 of 2 trials failed" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    report = (tmp_path / "sw" / "report.md").read_text(encoding="utf-8")
+    assert "entropy \u03bb \u2265 0" in report
+    spec = S.load_spec(str(spec_path), tmp_path / "sw")
+    assert "EnvError" in (Path(spec.trials[1].dir) / "error.txt").read_text(encoding="utf-8")
+
+
 def test_a_killed_sweep_resumes_from_checkpoints(tmp_path):
     """kill -9 of a serial sweep mid-trial, then the same command: every trial finishes, and the
     interrupted one learned exactly what an uninterrupted run learns."""

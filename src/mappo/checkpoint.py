@@ -157,7 +157,14 @@ def tidy_for_resume(run_dir: Path, resumed_from: Path) -> None:
         stale.unlink()
     for path in _checkpoint_files(run_dir):
         if path.name > resumed_from.name:
-            path.rename(path.with_name(path.name + ".unusable"))
+            # a second resume from further back may set aside a file of the same name again:
+            # number it rather than overwrite the first (or fail, as a rename does on Windows)
+            aside = path.with_name(path.name + ".unusable")
+            n = 1
+            while aside.exists():
+                n += 1
+                aside = path.with_name(f"{path.name}.unusable{n}")
+            path.rename(aside)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path:

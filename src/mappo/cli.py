@@ -618,7 +618,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     rows = report_rows(configs, args.metric, target=args.target, window=window)
     table = FORMATS[args.format](rows)
     if args.marl_eval:  # written first: an unwritable path fails before anything is printed
-        args.marl_eval.write_text(json.dumps(marl_eval(configs, args.metric), indent=2))
+        args.marl_eval.write_text(
+            json.dumps(marl_eval(configs, args.metric), indent=2), encoding="utf-8"
+        )
     print(table)
     if args.marl_eval:
         print(f"wrote {args.marl_eval} (marl-eval raw-data JSON)", file=sys.stderr)

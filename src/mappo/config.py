@@ -1173,7 +1173,7 @@ _Dumper.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("
 
 
 def save(cfg: TrainConfig, path: Path) -> None:
-    path.write_text(yaml.dump(to_dict(cfg), Dumper=_Dumper, sort_keys=False))
+    path.write_text(yaml.dump(to_dict(cfg), Dumper=_Dumper, sort_keys=False), encoding="utf-8")
 
 
 def describe_keys() -> str:

@@ -176,7 +176,7 @@ class MetricsLogger:
 
     def _rewrite(self) -> None:
         tmp = self.path.with_suffix(".csv.tmp")
-        with tmp.open("w", newline="") as f:
+        with tmp.open("w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(self.rows)
@@ -190,7 +190,7 @@ class MetricsLogger:
             self.columns += new_columns
             self._rewrite()
         else:
-            with self.path.open("a", newline="") as f:
+            with self.path.open("a", newline="", encoding="utf-8") as f:
                 csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore").writerow(row)
         if self.tb is not None:
             for k, v in metrics.items():

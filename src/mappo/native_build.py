@@ -32,7 +32,7 @@ def torch_uses_libgomp() -> bool:
     """Whether torch's OpenMP runtime in this process is GNU's ``libgomp`` (torch's Linux
     wheels ship one): a library built with ``-fopenmp`` then shares its threads."""
     try:
-        with open("/proc/self/maps") as maps:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             return any("/libgomp" in line for line in maps)
     except OSError:  # not Linux
         return False
@@ -113,7 +113,7 @@ def build(
                 return folder / name
             marker = folder / refused
             if marker.exists() and trusted(folder) and _fresh(marker):
-                why = marker.read_text(errors="replace").strip()
+                why = marker.read_text(encoding="utf-8", errors="replace").strip()
                 raise RuntimeError(f"{why} (remembered for a day; delete {marker} to retry)")
     for folder in folders:
         try:

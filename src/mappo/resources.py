@@ -115,7 +115,7 @@ def available_bytes(device: torch.device) -> int | None:
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
     try:
-        with open("/proc/meminfo") as f:
+        with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
@@ -243,7 +243,7 @@ class ThreadGovernor:
         busy = 0
         names = {f"cpu{i}" for i in self.cpus}
         try:
-            with open("/proc/stat") as f:
+            with open("/proc/stat", encoding="ascii") as f:
                 for line in f:
                     name, *rest = line.split()
                     if name in names:

@@ -1077,7 +1077,7 @@ def hold_lock(folder: Path, what: str = "run") -> Iterator[None]:
         yield
         return
     lock_path = folder / ".lock"
-    with open(lock_path, "a+") as f:
+    with open(lock_path, "a+", encoding="utf-8") as f:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -1305,7 +1305,9 @@ def _run(
         tmp = path / "summary.json.tmp"
         # The file holds the folder's absolute path: a relative one would hold only from the
         # folder that the command ran in (which a resume from elsewhere changed).
-        tmp.write_text(json.dumps({**summary, "run_dir": str(path.absolute())}, indent=2))
+        tmp.write_text(
+            json.dumps({**summary, "run_dir": str(path.absolute())}, indent=2), encoding="utf-8"
+        )
         tmp.replace(path / "summary.json")
         runs.append(Run(path, t.cfg, summary, t.policy))
     return runs

@@ -154,7 +154,7 @@ def read_run(path: Path) -> RunRecord:
     summary = None
     if (path / "summary.json").is_file():
         try:
-            summary = json.loads((path / "summary.json").read_text())
+            summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             summary = None
     try:

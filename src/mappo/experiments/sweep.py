@@ -84,7 +84,10 @@ def trial_state(trial: Trial) -> str:
     summary = d / "summary.json"
     if summary.is_file():
         with contextlib.suppress(OSError, ValueError, TypeError):
-            if int(json.loads(summary.read_text())["env_steps"]) >= trial.total_env_steps:
+            if (
+                int(json.loads(summary.read_text(encoding="utf-8"))["env_steps"])
+                >= trial.total_env_steps
+            ):
                 return "finished"
     if any((d / "checkpoints").glob("iter_*.pt")):
         return "partial"
@@ -184,7 +187,7 @@ def _failure(err: Exception, dirs: list[Path]) -> str:
     for d in dirs:
         with contextlib.suppress(OSError):
             d.mkdir(parents=True, exist_ok=True)
-            (d / "error.txt").write_text(trace)
+            (d / "error.txt").write_text(trace, encoding="utf-8")
     return f"{type(err).__name__}: " + " ".join(str(err).split())
 
 
@@ -314,14 +317,14 @@ def _reached_budget(trial: Trial) -> bool:
         return False
     summary = {"env_steps": steps, "run_dir": str(d), "from_checkpoint": str(newest)}
     tmp = d / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
     tmp.replace(d / "summary.json")
     return True
 
 
 def _summary_steps(d: Path) -> int:
     with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-        return int(json.loads((d / "summary.json").read_text())["env_steps"])
+        return int(json.loads((d / "summary.json").read_text(encoding="utf-8"))["env_steps"])
     return 0
 
 
@@ -493,7 +496,9 @@ def _collect(ray: Any, ref: Any, unit: list[Trial]) -> list[TrialResult]:
                 continue
             with contextlib.suppress(OSError):
                 Path(trial.dir).mkdir(parents=True, exist_ok=True)
-                (Path(trial.dir) / "error.txt").write_text(f"the Ray worker was lost:\n{err}\n")
+                (Path(trial.dir) / "error.txt").write_text(
+                    f"the Ray worker was lost:\n{err}\n", encoding="utf-8"
+                )
             results.append(TrialResult(trial.id, "failed", error=f"worker lost: {first}"))
         return results
 
@@ -669,7 +674,7 @@ def _check_same_sweep(spec: SweepSpec, root: Path) -> None:
     """Refuse a sweep directory that holds another sweep (its ``sweep.json`` names another):
     its record would be replaced and its runs reported under this sweep's name."""
     try:
-        earlier = json.loads((root / "sweep.json").read_text()).get("name")
+        earlier = json.loads((root / "sweep.json").read_text(encoding="utf-8")).get("name")
     except (OSError, ValueError, AttributeError):
         return  # no sweep there yet, or no readable record of one
     if isinstance(earlier, str) and earlier != spec.name:
@@ -742,7 +747,7 @@ def _write_status(
         ],
     }
     tmp = root / "sweep.json.tmp"
-    tmp.write_text(json.dumps(status, indent=2))
+    tmp.write_text(json.dumps(status, indent=2), encoding="utf-8")
     tmp.replace(root / "sweep.json")
 
 
@@ -762,7 +767,7 @@ def write_outputs(spec: SweepSpec, stream: TextIO | None = None) -> str | None:
         warnings.warn(f"no report for sweep '{spec.name}': {err}", stacklevel=2)
         return None
     about = f"{spec.description}\n\n" if spec.description else ""
-    (root / "report.md").write_text(f"# Sweep {spec.name}\n\n{about}{text}\n")
+    (root / "report.md").write_text(f"# Sweep {spec.name}\n\n{about}{text}\n", encoding="utf-8")
     try:
         import matplotlib.pyplot as plt
     except ImportError:

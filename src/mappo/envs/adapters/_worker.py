@@ -837,7 +837,7 @@ def worker_main(
     stack_out = None
     if stack_file is not None and hasattr(signal, "SIGUSR1"):
         # On a hang the main process sends SIGUSR1 and reports where the env was stuck.
-        stack_out = open(stack_file, "w")  # noqa: SIM115 (kept open for the process lifetime)
+        stack_out = open(stack_file, "w", encoding="utf-8")  # noqa: SIM115 (kept open for the process lifetime)
         faulthandler.register(signal.SIGUSR1, file=stack_out, all_threads=True)
     shm = shared_memory.SharedMemory(name=shm_name)
     runner = None

@@ -400,7 +400,7 @@ class WorkerPool:
         text = ""
         while time.monotonic() < deadline:
             time.sleep(0.05)
-            with open(path) as f:
+            with open(path, encoding="utf-8", errors="replace") as f:
                 text = f.read()
             if text.strip():
                 break
