@@ -204,3 +204,36 @@ def test_no_worker_outlives_the_main_process(tmp_path: Path) -> None:
             while shm_exists(shm) and time.monotonic() < deadline:
                 time.sleep(0.1)
             assert not shm_exists(shm)
+
+
+UNGUARDED = """
+from mappo.envs.adapters import PettingZooAdapter
+from test_adapter_envs import tiny
+
+env = PettingZooAdapter(tiny(), num_envs=1, num_workers=1, start_method="spawn")
+env.reset()
+"""
+
+
+def test_a_script_without_the_main_guard_is_told_to_add_it(tmp_path: Path) -> None:
+    # Under spawn (macOS's and Windows' way) each worker imports the main script, which here
+    # starts workers again; the message named picklable factories, which is not the cause.
+    script = tmp_path / "main.py"
+    script.write_text(UNGUARDED, encoding="utf-8")
+    tests = str(Path(__file__).parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])}
+    env["OMP_NUM_THREADS"] = "1"
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode != 0
+    assert 'put the code that trains under `if __name__ == "__main__":`' in out.stderr
+    assert "must be picklable" not in out.stderr
+
+
+def test_workers_start_by_spawn_on_macos(monkeypatch) -> None:
+    from mappo.envs.adapters import pool
+
+    assert pool.default_start_method() == "forkserver"  # Linux
+    monkeypatch.setattr(pool.sys, "platform", "darwin")
+    assert pool.default_start_method() == "spawn"

@@ -23,6 +23,7 @@ import os
 import pickle
 import runpy
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -105,7 +106,12 @@ def _release(arrays: dict[str, np.ndarray], shm: shared_memory.SharedMemory | No
 
 
 def default_start_method() -> str:
-    """``forkserver`` where available (POSIX), else ``spawn``; ``fork`` is unsafe with torch."""
+    """``forkserver`` where available (Linux and other POSIX systems), else ``spawn``; ``fork``
+    is unsafe with torch. macOS gets ``spawn`` (its default since Python 3.8): the fork server
+    imports torch, which loads system frameworks that start threads, and the Objective-C
+    runtime aborts a forked child that then initialises a class (a worker that renders)."""
+    if sys.platform == "darwin":
+        return "spawn"
     return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
 
 
@@ -210,6 +216,13 @@ class WorkerPool:
                 proc.start()
             except Exception as err:
                 self.close()
+                if "bootstrapping phase" in str(err):
+                    # a spawned worker re-runs the main script, which started training again
+                    raise EnvError(
+                        f"{env_name}: the script that trains was run again by a worker process "
+                        "as it started: put the code that trains under "
+                        '`if __name__ == "__main__":` (worker processes import the main script)'
+                    ) from None
                 raise EnvError(
                     f"{env_name}: cannot start worker processes: {err}. The environment factory "
                     "must be picklable: pass an import path such as "
