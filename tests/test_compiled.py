@@ -778,6 +778,47 @@ def test_auto_falls_back_to_eager_when_compiling_fails(monkeypatch):
         _iterate("mpe/simple_spread_jaxmarl_ff", "on", over, iterations=1)
 
 
+def test_without_a_cpp_compiler_auto_warns_once_and_on_is_a_one_line_error(
+    monkeypatch, tmp_path, capsys
+):
+    """Windows, or a Mac without Xcode's tools: the first compiled function to build finds no
+    compiler; the others run eagerly without trying (each attempt spends seconds of lowering
+    on the same failure) and without a warning of their own. ``compile=on`` says what to
+    install, in one line."""
+    from mappo import compiled as compiled_mod
+    from mappo.cli import main
+
+    monkeypatch.setattr(compiled_mod, "_compiler_broken", None)
+    tried = []
+
+    def no_compiler(fn, **kwargs):
+        def fail(*args, **kw):
+            tried.append(fn.__name__)
+            missing = torch._inductor.exc.InvalidCxxCompiler()
+            raise torch._inductor.exc.InductorError(missing, None)
+
+        return fail
+
+    over = {**SMALL, "device": "cpu", "total_env_steps": 2_000_000}
+    eager = _iterate("mpe/simple_spread_jaxmarl_ff", "off", over, iterations=2)
+    monkeypatch.setattr(torch, "compile", no_compiler)
+    with pytest.warns(RuntimeWarning) as caught:
+        auto = _iterate("mpe/simple_spread_jaxmarl_ff", "auto", over, iterations=2)
+    said = [str(w.message) for w in caught if "compile=auto" in str(w.message)]
+    assert len(said) == 1 and "no working C++ compiler was found" in said[0], said
+    assert "xcode-select --install" in said[0]
+    assert len(tried) == 1, tried
+    for k, v in eager[1].items():
+        assert torch.equal(auto[1][k], v), k
+    monkeypatch.setattr(compiled_mod, "_compiler_broken", None)
+    argv = ["train", "mpe/simple_spread_jaxmarl_ff", "compile=on", f"run_dir={tmp_path}"]
+    argv += [f"{k}={v}" for k, v in over.items()] + ["total_env_steps=128"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "compile=on needs a C++ compiler" in err, err
+    assert "compile=off" in err
+
+
 def test_auto_does_not_rerun_a_step_that_failed_while_updating_its_inputs(monkeypatch):
     """The fused env steps and the whole gradient step update their inputs in place (the env's
     state, the parameters, Adam's moments). A failure while such a graph runs (not a failure to

@@ -1029,6 +1029,15 @@ def main(argv: list[str] | None = None) -> int:
         _error(f"out of memory; {_memory_fix(args)}")
         return EXIT_USAGE
     except RuntimeError as err:
+        from mappo.compiled import COMPILER_HINT, compiler_failure
+
+        broken = compiler_failure(err)
+        if broken is not None:  # compile=on (auto trains eagerly instead)
+            _error(
+                f"compile=on needs a C++ compiler that torch can build with: {broken}; "
+                f"{COMPILER_HINT}, or set compile=off"
+            )
+            return EXIT_USAGE
         # Allocation failures of torch (CPU or GPU) surface as RuntimeErrors.
         if "alloc" not in str(err) and "out of memory" not in str(err):
             raise

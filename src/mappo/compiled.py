@@ -447,6 +447,39 @@ def _cache_entries(fn: types.FunctionType) -> list[Any]:
     return list(torch._C._dynamo.eval_frame._debug_get_cache_entry_list(fn.__code__))
 
 
+COMPILER_HINT = (
+    "install g++ or clang++ (on macOS `xcode-select --install`, and `brew install libomp` for "
+    "the OpenMP that Apple's clang lacks)"
+)
+
+_compiler_broken: str | None = None
+"""Why torch could not build C++ code in this process, once a ``compile=auto`` function found
+it: every other such function then runs eagerly at once, without a warning of its own and
+without spending a compile on the same failure."""
+
+
+def compiler_failure(err: BaseException) -> str | None:
+    """Why torch's inductor could not build its C++ code, where ``err`` (or an error it wraps)
+    is that failure: no working C++ compiler, or one that rejected the build (Apple's clang
+    without OpenMP); else ``None``. One line."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [err]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        kind = type(e).__name__
+        if kind == "InvalidCxxCompiler":
+            return f"no working C++ compiler was found ({_first_line(e)})"
+        if kind == "CppCompileError":
+            output = str(getattr(e, "output", "") or "")
+            said = [line.strip() for line in output.splitlines() if "error" in line.lower()]
+            return f"the C++ compiler failed: {(said or ['no message'])[0][:200]}"
+        todo += [getattr(e, "inner_exception", None), e.__cause__, e.__context__]
+    return None
+
+
 def _with_fallback(
     compiled: Callable[..., Any], fn: Callable[..., Any], name: str, mutates: bool = False
 ) -> Callable[..., Any]:
@@ -466,14 +499,27 @@ def _with_fallback(
     use_eager = False
 
     def call(*args: Any, **kwargs: Any) -> Any:
+        global _compiler_broken
         nonlocal use_eager
-        if use_eager:
+        if use_eager or _compiler_broken is not None:
             return fn(*args, **kwargs)
         try:
             return compiled(*args, **kwargs)
         except GuardCheckFailed:
             raise  # not a compile failure: the caller's key is wrong
         except Exception as err:
+            broken = compiler_failure(err)
+            if broken is not None:  # every compiled function would fail the same way
+                out = fn(*args, **kwargs)
+                _compiler_broken = broken
+                warnings.warn(
+                    f"compile=auto: torch cannot build its compiled code here: {broken}; the "
+                    f"run trains eagerly ({COMPILER_HINT} to compile; compile=off skips "
+                    "compiling)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                return out
             if mutates and not isinstance(err, torch._dynamo.exc.TorchDynamoException):
                 raise RuntimeError(
                     f"compile=auto: the compiled {name} failed while running "
