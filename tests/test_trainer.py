@@ -234,6 +234,49 @@ def test_resume_equals_uninterrupted(tmp_path):
         assert totals == sorted(totals) and totals[0] > 0, column
 
 
+def _as_if_from_a_gpu(state):
+    """``state`` with every CPU generator state (the Mersenne Twister's 5,056 bytes) in place of
+    a CUDA generator's (16 bytes: seed and offset), as a run trained on a GPU saves them."""
+    if isinstance(state, dict):
+        return {k: _as_if_from_a_gpu(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_as_if_from_a_gpu(v) for v in state]
+    if isinstance(state, torch.Tensor) and state.dtype == torch.uint8 and state.numel() == 5056:
+        return torch.arange(16, dtype=torch.uint8)
+    return state
+
+
+@pytest.mark.parametrize(
+    ("preset", "over"),
+    [
+        ("mpe/simple_spread", {}),  # the env's generator and the actions' and batches' ones
+        ("mpe/simple_spread_qmix", {}),
+        ("mpe/simple_spread_coma", {}),
+        ("mpe/simple_spread_ff_fast", {"num_seeds": 2}),  # stacked seeds: one env, blocks
+    ],
+)
+def test_a_run_trained_on_a_gpu_resumes_on_a_cpu(tmp_path, preset, over):
+    # A CUDA generator's state cannot be loaded into a CPU generator (nor back); the resumed
+    # run seeds its generators afresh and says that it does not replay the first device.
+    tiny = {k: v for k, v in TINY.items() if not k.startswith(("algo.", "rollout"))}
+    over = {**tiny, "threads": 1, **over, "run_dir": str(tmp_path)}
+    if over.get("num_seeds"):
+        dirs = [run.dir for run in mappo.trainer.train_seeds(C.load(preset, over))]
+    else:
+        dirs = [train(preset, over).dir]
+    for d in dirs:
+        newest = latest_checkpoint(d)
+        mappo.checkpoint.atomic_save(_as_if_from_a_gpu(load_checkpoint(newest)), newest)
+    more = {"total_env_steps": 2 * TINY["total_env_steps"]}
+    with pytest.warns(mappo.checkpoint.CheckpointWarning, match="another kind of device"):
+        if len(dirs) > 1:
+            runs = mappo.trainer.resume_seeds(dirs, more)
+        else:
+            runs = [resume(dirs[0], more)]
+    for run in runs:
+        assert run.summary["env_steps"] >= more["total_env_steps"]
+
+
 @pytest.mark.parametrize(
     ("preset", "key", "column"),
     [

@@ -9,6 +9,7 @@ Reading uses ``weights_only=True``: opening a checkpoint never runs code from it
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import warnings
 from collections.abc import Iterator, Mapping
@@ -28,6 +29,27 @@ class CheckpointError(ValueError):
 
 class CheckpointWarning(UserWarning):
     """A checkpoint was passed over (unreadable or non-finite) in favour of an older one."""
+
+
+def restore_generator(gen: torch.Generator, state: torch.Tensor, *key: object) -> None:
+    """Put ``gen`` back into a saved ``state``, or, where the state is of another kind of
+    device (a run trained on a GPU resumed on a CPU, or back: a CUDA generator's state is its
+    seed and offset, a CPU one's the whole Mersenne Twister), seed it from ``key`` (the run's
+    seed, its iteration and what the generator draws) and warn: the resumed run trains on, but
+    does not replay what an uninterrupted run would have drawn on the first device (which no
+    other device could anyway)."""
+    if state.numel() == gen.get_state().numel():
+        gen.set_state(state)
+        return
+    seed = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little")
+    gen.manual_seed(seed >> 1)
+    warnings.warn(
+        f"the checkpoint's random states are of another kind of device than {gen.device.type}; "
+        "they are seeded afresh from the run's seed and iteration, so the resumed run does not "
+        "draw what it would have on the device it was trained on",
+        CheckpointWarning,
+        stacklevel=2,
+    )
 
 
 def atomic_save(obj: Any, path: Path) -> None:

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from mappo.acting import Acted
+from mappo.checkpoint import restore_generator
 from mappo.data import (
     EnvStep,
     GroupBuffer,
@@ -599,7 +600,7 @@ class Collector:
             self.step = self.env.reset(seed=fallback_seed)
             return
         self.env.set_state({k: v.to(dev) for k, v in state["env"]["state"].items()})
-        self.env.generator.set_state(state["env"]["rng"])
+        restore_generator(self.env.generator, state["env"]["rng"], fallback_seed, "env")
         self.step = step_from_dict(state["step"], dev)
         self.actor_states = {k: v.to(dev) for k, v in state["actor_states"].items()}
         self.critic_states = {k: v.to(dev) for k, v in state["critic_states"].items()}

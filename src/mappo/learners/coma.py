@@ -18,6 +18,7 @@ from mappo.algos.coma import actor_loss, coma_advantage, final_step_mask
 from mappo.algos.mappo import grad_norm, load_optimizer_state
 from mappo.algos.returns import lambda_targets
 from mappo.algos.value import epsilon_at, make_optimizer
+from mappo.checkpoint import restore_generator
 from mappo.config import ComaConfig, TrainConfig
 from mappo.data import EpisodeBatch
 from mappo.envs.base import BatchedEnv
@@ -167,7 +168,7 @@ class ComaLearner:
         self.target_critic.load_state_dict(state["target_critic"])
         load_optimizer_state(self.actor_optim, state["optim"]["actor"])
         load_optimizer_state(self.critic_optim, state["optim"]["critic"])
-        self.act_gen.set_state(state["rng"]["act"])
+        restore_generator(self.act_gen, state["rng"]["act"], self.cfg.seed, iteration, "act")
         self.critic_steps = int(state["critic_steps"])
         self.last_target_update = int(state["last_target_update"])
         self.tracker.load_state_dict(state["tracker"])

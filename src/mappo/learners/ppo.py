@@ -21,6 +21,7 @@ from mappo.algos.mappo import (
     make_samples,
     update,
 )
+from mappo.checkpoint import restore_generator
 from mappo.compiled import (
     AUTO_CPU_STEPS,
     BLOCK_MIN_ROLLOUT_STEPS,
@@ -228,6 +229,10 @@ class PPOLearner:
     def load_state_dict(self, state: dict[str, Any], iteration: int) -> None:
         self.policy.load_state_dict(state["policy"])
         self.optim.load_state_dict(state["optim"])
-        self.sample_gen.set_state(state["rng"]["sample"])
-        self.shuffle_gen.set_state(state["rng"]["shuffle"])
+        restore_generator(
+            self.sample_gen, state["rng"]["sample"], self.cfg.seed, iteration, "sample"
+        )
+        restore_generator(
+            self.shuffle_gen, state["rng"]["shuffle"], self.cfg.seed, iteration, "order"
+        )
         self.collector.load_state_dict(state["collector"], fallback_seed=self.cfg.seed + iteration)

@@ -50,6 +50,7 @@ from mappo.algos.mappo import (
     loss_terms,
     make_samples,
 )
+from mappo.checkpoint import restore_generator
 from mappo.compiled import (
     MAX_COMPILED_CHUNK,
     compile_fn,
@@ -172,7 +173,7 @@ class SeedBlocks:
         """Put seed ``k``'s envs back into a :meth:`seed_state`."""
         env = self.envs[k]
         env.set_state({n: v.to(self.device) for n, v in saved["state"].items()})
-        env.generator.set_state(saved["rng"])
+        restore_generator(env.generator, saved["rng"], self.seeds[k], "env")
 
     def reset_seed(self, k: int, seed: int) -> EnvStep:
         """Fresh episodes for seed ``k``'s envs (an env without snapshots, on resume)."""
@@ -221,7 +222,7 @@ class OneEnvBlocks(SeedBlocks):
         env, rows = self.envs[0], self.rows(k)
         ids = torch.arange(rows.start, rows.stop, device=self.device)
         env.set_state({n: v.to(self.device) for n, v in saved["state"].items()}, env_ids=ids)
-        env.block_generator(k).set_state(saved["rng"])  # type: ignore[attr-defined]
+        restore_generator(env.block_generator(k), saved["rng"], self.seeds[k], "env")  # type: ignore[attr-defined]
 
     def reset_seed(self, k: int, seed: int) -> EnvStep:
         raise NotImplementedError("an env with seed blocks is always snapshotted")
@@ -871,8 +872,13 @@ class StackedPPOLearner:
         with torch.no_grad():
             for k, state in enumerate(states):
                 self.policies[k].load_state_dict(state["policy"])  # copies into the stacked
-                self.sample_gens[k].set_state(state["rng"]["sample"])
-                self.shuffle_gens[k].set_state(state["rng"]["shuffle"])
+                seed = self.cfgs[k].seed
+                restore_generator(
+                    self.sample_gens[k], state["rng"]["sample"], seed, iteration, "sample"
+                )
+                restore_generator(
+                    self.shuffle_gens[k], state["rng"]["shuffle"], seed, iteration, "order"
+                )
         for opt, key in ((self.optim.actor, "actor"), (self.optim.critic, "critic")):
             saved = [s["optim"][key] for s in states]
             steps = {float(s["state"][0]["step"]) if 0 in s["state"] else 0.0 for s in saved}

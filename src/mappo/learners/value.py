@@ -17,6 +17,7 @@ import torch
 
 from mappo.algos.mappo import load_optimizer_state
 from mappo.algos.value import epsilon_at, make_optimizer, update
+from mappo.checkpoint import restore_generator
 from mappo.config import TrainConfig, ValueConfig
 from mappo.envs.base import BatchedEnv
 from mappo.episodes import EpisodeBuffer, EpisodeCollector, collection_seed
@@ -121,8 +122,10 @@ class ValueLearner:
         load_optimizer_state(self.optim, state["optim"])
         if self.reward_norm is not None and state["reward_norm"] is not None:
             self.reward_norm.load_state_dict(state["reward_norm"])
-        self.act_gen.set_state(state["rng"]["act"])
-        self.sample_gen.set_state(state["rng"]["sample"])
+        restore_generator(self.act_gen, state["rng"]["act"], self.cfg.seed, iteration, "act")
+        restore_generator(
+            self.sample_gen, state["rng"]["sample"], self.cfg.seed, iteration, "sample"
+        )
         self.episodes = int(state["episodes"])
         self.last_target_update = int(state["last_target_update"])
         if state["buffer"] is not None:
