@@ -70,7 +70,7 @@ def _start_sweep(
 
     proc = subprocess.Popen(
         cmd + ["--backend", backend],
-        stdout=subprocess.DEVNULL,
+        stdout=(tmp / "sweep.out").open("w", encoding="utf-8"),  # the status lines
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=ignore_sigint if sigint_ignored else None,
@@ -237,6 +237,37 @@ def test_a_sweep_writes_text_as_utf8_under_a_locale_that_cannot_encode_it(tmp_pa
     assert "EnvError" in (Path(spec.trials[1].dir) / "error.txt").read_text(encoding="utf-8")
 
 
+@pytest.mark.parametrize("stack", [False, True])
+def test_a_signal_in_a_trials_last_iteration_still_stops_the_serial_sweep(
+    tmp_path, capsys, monkeypatch, stack
+):
+    # The trial finished (its last iteration was under way), but the sweep had said it was
+    # stopping: it went on to the next trial, where a second Ctrl-C counted as a first.
+    import mappo.trainer
+
+    finish = mappo.trainer.Trainer.finish
+
+    def signalled_while_finishing(self):
+        self.stop_signal = signal.SIGINT  # what the handler records
+        return finish(self)
+
+    monkeypatch.setattr(mappo.trainer.Trainer, "finish", signalled_while_finishing)
+    spec_path = _write_spec(
+        tmp_path, "presets: [TINY]\nseeds: [1, 2]\ngrid: {algo.clip: [0.1, 0.2]}\n"
+    )
+    argv = ["sweep", str(spec_path), "--dir", str(tmp_path / "sw"), "--backend", "serial"]
+    argv += ["--stack-seeds" if stack else "--no-stack-seeds"]
+    assert main(argv) == 128 + signal.SIGINT
+    err = capsys.readouterr().err
+    assert "mappo: sweep interrupted" in err, err
+    spec = S.load_spec(str(spec_path), tmp_path / "sw")
+    finished = [(Path(t.dir) / "summary.json").exists() for t in spec.trials]
+    assert finished == ([True, True, False, False] if stack else [True, False, False, False])
+    monkeypatch.setattr(mappo.trainer.Trainer, "finish", finish)
+    assert main(argv) == 0  # the rerun trains the rest
+    assert all((Path(t.dir) / "summary.json").exists() for t in spec.trials)
+
+
 def test_a_killed_sweep_resumes_from_checkpoints(tmp_path):
     """kill -9 of a serial sweep mid-trial, then the same command: every trial finishes, and the
     interrupted one learned exactly what an uninterrupted run learns."""
@@ -344,6 +375,9 @@ def _ctrl_c_a_ray_sweep(
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "run `mappo sweep" in err and "again to continue" in err
+    # the console says which trials stopped, as the serial backend's does
+    said = (tmp_path / "sweep.out").read_text(encoding="utf-8")
+    assert f"{spec.trials[-1].id}: interrupted" in said, said
     return spec_path, spec, json.loads((tmp_path / "sw" / "sweep.json").read_text())
 
 

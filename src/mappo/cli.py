@@ -555,8 +555,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     try:
         results = run_sweep(spec, args.backend, args.address, args.max_concurrent)
     except SweepInterrupted as err:
-        again = " ".join(
-            ["mappo sweep", args.spec]
+        again = shlex.join(
+            ["mappo", "sweep", args.spec]
             + (["--dir", args.dir] if args.dir else [])
             + (["--backend", args.backend] if args.backend != "auto" else [])
             + (["--address", args.address] if args.address else [])

@@ -105,6 +105,9 @@ class Run:
     """The trained networks (an :class:`~mappo.nn.actor_critic.ActorCritic` for mappo, a
     :class:`~mappo.nn.q_agents.QNetworks` for the value family); to act with them, take
     :meth:`load_policy`."""
+    stop_signal: int | None = None
+    """A stop signal (SIGINT, SIGTERM) that came in the run's last iteration: the run finished
+    anyway, but a caller with more to run (a sweep's next trial) should stop too."""
 
     def load_policy(self, device: str | torch.device = "cpu") -> Any:
         """The run's policy to act with, a :class:`mappo.Policy` (``act(observations)``): its
@@ -1309,5 +1312,5 @@ def _run(
             json.dumps({**summary, "run_dir": str(path.absolute())}, indent=2), encoding="utf-8"
         )
         tmp.replace(path / "summary.json")
-        runs.append(Run(path, t.cfg, summary, t.policy))
+        runs.append(Run(path, t.cfg, summary, t.policy, stop_signal=t.stop_signal))
     return runs

@@ -72,6 +72,8 @@ class TrialResult:
     """Wall time of the trial in this invocation (start to end, env construction included)."""
     node: str = ""
     error: str = ""
+    stop_signal: int | None = None
+    """A stop signal that came while the trial ended (it finished): the sweep stops after it."""
 
 
 # -- one trial --------------------------------------------------------------------------------
@@ -158,6 +160,7 @@ def run_trial(trial: Trial) -> TrialResult:
                 config_mod.load(trial.preset, dict(trial.overrides), refuse_unread=False), run_dir=d
             )
         result.env_steps = int(run.summary.get("env_steps", 0))
+        result.stop_signal = run.stop_signal
         (d / "error.txt").unlink(missing_ok=True)
     except RunInterrupted as err:
         result.status, result.env_steps = "interrupted", err.env_steps
@@ -270,6 +273,7 @@ def _run_together(group: list[Trial], resuming: bool) -> list[TrialResult]:
     node = node_name()
     dirs = [Path(t.dir) for t in group]
     status, steps, error = "done", [0] * len(group), ""
+    signalled: int | None = None
     try:
         if resuming:
             # The seed is each run's own; the other overrides are the same for every seed.
@@ -285,6 +289,7 @@ def _run_together(group: list[Trial], resuming: bool) -> list[TrialResult]:
             ]
             runs = train_stacked(cfgs, dirs)
         steps = [int(r.summary.get("env_steps", 0)) for r in runs]
+        signalled = runs[0].stop_signal
         for d in dirs:
             (d / "error.txt").unlink(missing_ok=True)
     except RunInterrupted as err:
@@ -293,7 +298,7 @@ def _run_together(group: list[Trial], resuming: bool) -> list[TrialResult]:
         status, error = "failed", _failure(err, dirs)
     seconds = time.monotonic() - start
     return [
-        TrialResult(t.id, status, n, seconds, node, error)
+        TrialResult(t.id, status, n, seconds, node, error, signalled)
         for t, n in zip(group, steps, strict=True)
     ]
 
@@ -450,6 +455,15 @@ def _run_serial(units: list[list[Trial]], table: StatusTable, results: list[Tria
             if stopped is not None:
                 signum = signal.SIGTERM if "SIGTERM" in stopped.error else signal.SIGINT
                 raise SweepInterrupted(stopped.error, signum)
+            # A signal in a trial's last iteration let the trial finish; it still stops the
+            # sweep, as the "stopping after this iteration" it printed said.
+            late = next((r for r in done if r.stop_signal), None)
+            if late is not None and late.stop_signal is not None and unit is not units[-1]:
+                name = signal.Signals(late.stop_signal).name
+                raise SweepInterrupted(
+                    f"{name} came in the last iteration of {late.id}, which finished",
+                    late.stop_signal,
+                )
 
 
 def _ray_init(address: str | None) -> Any:
@@ -597,6 +611,7 @@ def _run_ray(
                 if result.status == "failed" and "worker lost" in result.error:
                     result.status = "interrupted"
                 results.append(result)
+                table.set(result.id, result.status, result.error)  # shown as the sweep ends
         signum = signal.SIGTERM if isinstance(err, _Terminated) else signal.SIGINT
         raise SweepInterrupted("interrupted", signum) from None
     finally:
