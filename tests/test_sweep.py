@@ -133,6 +133,12 @@ def test_spec_expands_the_grid_and_checks_every_trial(tmp_path):
         ("presets: [TINY]\ngrid: {name: ['" + "x" * 300 + "']}\n", "too long"),
         ("presets: [TINY]\nmetric: eval_return_mean\n", "did you mean 'eval/eval_return_mean'?"),
         ("presets: [TINY]\nmetric: score\n", "is 'score', which no run logs (columns of"),
+        # (names of the right form that the sweep's envs do not log: a typo, another env's)
+        (
+            "presets: [TINY]\nmetric: eval/eval_retrun_mean\n",
+            "none of the sweep's envs logs; did you mean 'eval/eval_return_mean'?",
+        ),
+        ("presets: [TINY]\nmetric: eval/eval_battle_won\n", "(they log eval/eval_collisions,"),
         (
             "presets: [TINY]\ngrid: {env.name: [mpe/simple_sprad]}\n",
             "unknown environment 'mpe/simple_sprad'; did you mean 'mpe/simple_spread'?",
@@ -146,6 +152,15 @@ def test_bad_specs_are_one_line_errors(tmp_path, capsys, body, message):
     assert err.startswith("mappo: error: ") and "\n" not in err
     assert message in err
     assert not (tmp_path / "sw").exists()  # nothing written
+
+
+def test_a_metric_one_of_the_sweeps_envs_logs_is_taken(tmp_path):
+    spec = _write_spec(
+        tmp_path,
+        "presets: [TINY]\ngrid: {env.name: [mpe/simple_spread, smac/3m]}\n"
+        "metric: eval/eval_battle_won\n",
+    )
+    assert len(S.load_spec(str(spec), tmp_path / "sw").trials) == 2
 
 
 def test_unknown_shipped_spec_names_the_nearest(capsys):

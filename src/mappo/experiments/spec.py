@@ -134,6 +134,48 @@ def _number(value: Any, key: str, low: float) -> float:
     return float(value)
 
 
+GENERIC_EVAL_COLUMNS = ("eval/eval_return_mean", "eval/eval_return_std", "eval/eval_episodes")
+"""The evaluation columns of every env; the others are env statistics (``eval/eval_<stat>``)."""
+
+
+def _check_metric_logged(spec: SweepSpec, path: Path) -> None:
+    """Refuse an ``eval/eval_<stat>`` metric that none of the sweep's envs logs (a typo such as
+    ``eval_retrun_mean``, or a win rate on the particle world), which would otherwise train
+    every trial and then write no report. The envs' statistics are read from one copy of each
+    (adapted envs in this process, without workers); where one cannot be made, its trials will
+    say why, and the metric is let through."""
+    from mappo.envs.registry import make, uses_workers
+
+    metric = spec.metric
+    if not metric.startswith("eval/eval_") or metric in GENERIC_EVAL_COLUMNS:
+        return
+    envs: dict[str, set[str]] = {}
+    for trial in spec.trials:
+        cfg = config_mod.load(trial.preset, dict(trial.overrides), refuse_unread=False)
+        key = json.dumps([cfg.env.name, cfg.env.kwargs], sort_keys=True, default=str)
+        if key in envs:
+            continue
+        kwargs = dict(cfg.env.kwargs)
+        if uses_workers(cfg.env.name):
+            for option in ("timeout", "envs_per_worker", "start_method", "startup_timeout"):
+                kwargs.pop(option, None)
+            kwargs["num_workers"] = 0
+        try:
+            with make(cfg.env.name, num_envs=1, seed=cfg.seed, **kwargs) as env:
+                envs[key] = {f"eval/eval_{s}" for s in env.spec.stat_names}
+        except Exception:  # the trials report it; this check cannot say more
+            return
+        if metric in envs[key]:
+            return
+    names = sorted(set(GENERIC_EVAL_COLUMNS).union(*envs.values()))
+    close = difflib.get_close_matches(metric, names, n=1, cutoff=0.8)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    raise SweepError(
+        f"'metric' in '{path}' is '{metric}', which none of the sweep's envs logs; {hint}"
+        f"(they log {', '.join(names)})"
+    )
+
+
 def load_spec(source: str, sweep_dir: str | Path | None = None) -> SweepSpec:
     """Read and check a spec (a YAML path or a shipped name such as ``paper/mpe``) and expand
     its trials; every trial's config is loaded and checked here, before anything runs.
@@ -208,6 +250,7 @@ def load_spec(source: str, sweep_dir: str | Path | None = None) -> SweepSpec:
     spec.stack_seeds = stack
     root = Path(sweep_dir) if sweep_dir is not None else Path("sweeps") / spec.name
     spec.trials = _expand(spec, root.resolve(), path)
+    _check_metric_logged(spec, path)
     return spec
 
 
