@@ -453,6 +453,26 @@ def test_a_changed_spec_is_refused_and_a_second_sweep_on_one_folder_too(tmp_path
     assert json.loads((trial_dir / "summary.json").read_text())["env_steps"] == 400
 
 
+def test_a_new_budget_for_a_trial_whose_learning_rate_decays_over_it_is_refused(tmp_path, capsys):
+    # With algo.lr_decay the budget is the schedule's length: extending a finished trial would
+    # restart a learning rate that had decayed to zero, and a report would pool two schedules.
+    body = "presets: [TINY]\noverrides: {algo.lr_decay: true, total_env_steps: 200}\n"
+    spec_path = _write_spec(tmp_path, body)
+    argv = ["sweep", str(spec_path), "--dir", str(tmp_path / "sw"), "--backend", "serial"]
+    assert main(argv) == 0
+    spec_path.write_text(spec_path.read_text().replace("200", "400"))
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "decays its learning rates to zero over total_env_steps=200" in err, err
+    assert "spec now gives 400" in err and "new --dir" in err
+    from mappo.experiments.runs import setting_items
+
+    config = {"algo.lr_decay": True, "total_env_steps": 200, "seed": 1}
+    assert setting_items(config) == [("algo.lr_decay", "True"), ("total_env_steps", "200")]
+    assert setting_items({**config, "algo.lr_decay": False}) == [("algo.lr_decay", "False")]
+
+
 def test_a_trial_written_before_a_config_key_existed_continues(tmp_path, capsys):
     """A sweep started with an older version (its trials' config.yaml lack keys added since,
     here ``compile``) continues under this one: a missing key counts as its default."""

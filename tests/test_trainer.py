@@ -234,6 +234,14 @@ def test_resume_equals_uninterrupted(tmp_path):
         assert totals == sorted(totals) and totals[0] > 0, column
 
 
+def test_a_new_budget_on_resume_with_a_decaying_learning_rate_warns(tmp_path):
+    over = {**TINY, "algo.lr_decay": True, "run_dir": str(tmp_path)}
+    run = train("mpe/simple_spread_ff_fast", over)
+    more = {"total_env_steps": 2 * TINY["total_env_steps"]}
+    with pytest.warns(UserWarning, match="continue from 50% of their start where the run had"):
+        resume(run.dir, more)
+
+
 def _as_if_from_a_gpu(state):
     """``state`` with every CPU generator state (the Mersenne Twister's 5,056 bytes) in place of
     a CUDA generator's (16 bytes: seed and offset), as a run trained on a GPU saves them."""

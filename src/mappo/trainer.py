@@ -948,6 +948,15 @@ def _resumable(
                 stacklevel=3,
             )
     done = int(ckpt["progress"]["env_steps"])
+    decays = getattr(cfg.algo, "lr_decay", False) and getattr(saved.algo, "lr_decay", False)
+    if decays and cfg.total_env_steps != saved.total_env_steps and done < cfg.total_env_steps:
+        warnings.warn(
+            f"algo.lr_decay decays the learning rates to zero over total_env_steps; with "
+            f"{cfg.total_env_steps:,} in place of {saved.total_env_steps:,} they continue from "
+            f"{1 - done / cfg.total_env_steps:.0%} of their start where the run had them at "
+            f"{max(0.0, 1 - done / saved.total_env_steps):.0%}, a schedule no fresh run follows",
+            stacklevel=3,
+        )
     if done >= cfg.total_env_steps:
         raise config_mod.ConfigError(
             f"run '{path}' already reached total_env_steps={cfg.total_env_steps:,} "

@@ -49,6 +49,15 @@ WIN_RATE = "eval/eval_battle_won"
 RETURN = "eval/eval_return_mean"
 
 
+def is_bookkeeping(key: str, config: dict[str, Any]) -> bool:
+    """Whether the flattened ``config``'s ``key`` leaves what the run learns unchanged
+    (:data:`BOOKKEEPING_KEYS`). The budget is not, where the learning rates decay to zero over
+    it (``algo.lr_decay``): there runs of two budgets follow two schedules."""
+    if key == "total_env_steps" and config.get("algo.lr_decay"):
+        return False
+    return key in BOOKKEEPING_KEYS
+
+
 def full_config(data: dict[str, Any]) -> dict[str, Any]:
     """A saved config (``config.yaml`` as a nested dict) flattened with every key of this
     version: keys added since the run was written take their defaults, so that an older run and
@@ -207,7 +216,7 @@ def setting_items(config: dict[str, Any]) -> list[tuple[str, str]]:
     differ in one keyword argument are labelled by it (``env.kwargs.time_feature=True``)."""
     items = []
     for k, v in config.items():
-        if k in BOOKKEEPING_KEYS:
+        if is_bookkeeping(k, config):
             continue
         if isinstance(v, dict):
             items.extend((f"{k}.{name}", _value_text(sub)) for name, sub in v.items())

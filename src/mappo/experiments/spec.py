@@ -337,7 +337,8 @@ def _check_folder(trial_id: str, trials: list[Trial], path: Path) -> None:
 def check_unchanged(trial: Trial) -> None:
     """Refuse to continue a trial whose folder was trained with other settings than the spec
     now gives (an edited spec or preset): skipping or resuming it would mix configurations.
-    The budget, intervals, threads and other bookkeeping keys may change."""
+    The budget (unless the learning rates decay over it), intervals, threads and other
+    bookkeeping keys may change."""
     saved_path = Path(trial.dir) / "config.yaml"
     if not saved_path.is_file():
         return
@@ -350,8 +351,16 @@ def check_unchanged(trial: Trial) -> None:
         config_mod.to_dict(config_mod.load(trial.preset, trial.overrides, refuse_unread=False))
     )
     for key in sorted(set(saved) | set(wanted)):
-        if key in runs_mod.BOOKKEEPING_KEYS or saved.get(key) == wanted.get(key):
+        if saved.get(key) == wanted.get(key):
             continue
+        if runs_mod.is_bookkeeping(key, saved) and runs_mod.is_bookkeeping(key, wanted):
+            continue
+        if key == "total_env_steps":
+            raise SweepError(
+                f"trial {trial.id} decays its learning rates to zero over total_env_steps="
+                f"{saved.get(key)!r} (algo.lr_decay), and the spec now gives {wanted.get(key)!r}: "
+                "continuing it would restart the decay part way; give the sweep a new --dir"
+            )
         raise SweepError(
             f"trial {trial.id} was trained with {key}={saved.get(key)!r} but the spec now gives "
             f"{wanted.get(key)!r}; restore the spec, or give the changed sweep a new --dir"
