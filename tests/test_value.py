@@ -393,6 +393,30 @@ def test_coma_policy_mixes_epsilon_over_allowed_actions_only():
     torch.testing.assert_close(p.sum(-1), torch.ones(1))
 
 
+def test_coma_samples_the_actions_torch_multinomial_draws():
+    # (drawn by exponential races on the device, without multinomial's host-side checks; the
+    # same draws keep older runs' checkpoints resuming to the same actions)
+    from mappo.nn.coma import ComaNetworks
+
+    cfg = C.load("mpe/simple_spread_coma")
+    env = mappo.envs.make("mpe/simple_spread", num_envs=64)
+    nets = ComaNetworks(env.spec, cfg.model, cfg.algo)
+    obs = env.reset(seed=3).obs["agents"]
+    state = nets.acting_states(64, obs.device)["agents"]
+    starts = torch.ones(64, dtype=torch.bool)
+    mask = torch.rand(64, 3, 5, generator=torch.Generator().manual_seed(1)) > 0.3
+    mask[..., 0] = True
+    with torch.no_grad():
+        acted = nets.act_group(
+            "agents", obs, state, starts, mask, False, torch.Generator().manual_seed(7)
+        )
+        logits, _ = nets.step_agent("agents", obs, state, starts)
+    probs = coma_policy(logits, mask, nets.explore_epsilon).reshape(-1, 5)
+    drawn = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(acted.actions.reshape(-1), drawn.reshape(-1))
+    assert bool(mask.reshape(-1, 5).gather(1, drawn).all())
+
+
 def test_coma_critic_sees_the_others_actions_but_not_its_own():
     env = mappo.envs.make("mpe/simple_spread", num_envs=1)
     critic = ComaCritic(env.spec, hidden=8)

@@ -105,6 +105,9 @@ class ComaNetworks(AgentNetworks):
         else:
             eps = self.explore_epsilon if epsilon is None else epsilon
             probs = coma_policy(logits, mask, eps)
-            flat = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator)
-            action = flat.reshape(probs.shape[:-1])
+            # One draw by exponential races, as torch.multinomial's single draw makes it (the
+            # same actions from the same generator), without its checks of the probabilities,
+            # which read values back to the host: two waits on a GPU in every env step.
+            race = torch.empty_like(probs).exponential_(1, generator=generator)
+            action = (probs / race).argmax(-1)
         return GroupAct(action.unsqueeze(-1), self.next_state(name, hidden, action))
