@@ -188,6 +188,35 @@ def test_collector_records_whole_episodes_with_their_end():
     assert tracker.read()["episodes"] == E
 
 
+def test_asking_for_the_episodes_ends_every_few_steps_stores_the_same_batch(monkeypatch):
+    # On a GPU the collector asks whether all episodes ended every 8 steps (each answer waits
+    # for the device): the steps it takes past the last end must store nothing.
+    import mappo.episodes
+
+    def copied(value):
+        if isinstance(value, dict):
+            return {k: v.clone() for k, v in value.items()}
+        return value.clone()
+
+    runs = []
+    for every in (1, 8):
+        monkeypatch.setattr(mappo.episodes, "end_check_every", lambda device, n=every: n)
+        env, _, _, collector, tracker = _collect("smac/3m", 8, seed=5)
+        stepped = []
+        counted = lambda a, step=env.step, log=stepped: log.append(1) or step(a)  # noqa: E731
+        monkeypatch.setattr(env, "step", counted)
+        batch, steps = collector.collect(epsilon=0.5, seed=2)
+        fields = {k: copied(v) for k, v in vars(batch).items()}
+        runs.append((fields, steps, tracker.read(), len(stepped)))
+    (fields_1, steps_1, stats_1, calls_1), (fields_8, steps_8, stats_8, calls_8) = runs
+    assert calls_8 > calls_1 == int(fields_1["filled"].sum(0).max())  # steps past the ends
+    assert steps_1 == steps_8 and stats_1 == stats_8
+    for k, v in fields_1.items():
+        for name, x in (v if isinstance(v, dict) else {"": v}).items():
+            y = fields_8[k][name] if isinstance(v, dict) else fields_8[k]
+            assert torch.equal(x, y), (k, name)
+
+
 def test_collector_final_observation_matches_the_env():
     """Replaying the recorded actions in a copy of the env gives the recorded observations and
     the final (pre-reset) observation after the last step."""
