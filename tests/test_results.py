@@ -25,11 +25,15 @@ def _fake_run(
     seed: int,
     evals: list[tuple[int, float]],
     preset: str = "mpe/simple_spread_fast",
+    complete: bool = True,
     **overrides,
 ) -> Path:
     """A run directory as mappo writes one: config.yaml and metrics.csv with evaluation rows
-    (and training rows between them, which have no evaluation)."""
-    cfg = C.load(preset, {"seed": seed, **overrides})
+    (and training rows between them, which have no evaluation); with ``complete`` (and
+    evaluations) a budget of the last evaluation's step and the summary.json of a run that
+    trained it."""
+    budget = {"total_env_steps": evals[-1][0]} if complete and evals else {}
+    cfg = C.load(preset, {"seed": seed, **budget, **overrides})
     d = root / f"{preset}/{'_'.join(f'{k}{v}' for k, v in overrides.items())}/seed{seed}"
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))
@@ -38,6 +42,8 @@ def _fake_run(
         lines.append(f"{step - 50},{step / 100},{value - 1},")
         lines.append(f"{step},{step / 100},{value - 1},{value}")
     (d / "metrics.csv").write_text("\n".join(lines) + "\n")
+    if complete and evals:
+        (d / "summary.json").write_text(json.dumps({"env_steps": evals[-1][0]}))
     return d
 
 
@@ -189,7 +195,7 @@ def test_cli_report_plot_and_their_errors(tmp_path, capsys):
     _fake_run(tmp_path, 1, [(1000, -200.0), (2000, -150.0)])
     assert main(["report", str(tmp_path), "--marl-eval", str(tmp_path / "m.json")]) == 0
     out = capsys.readouterr().out
-    assert "| mpe/simple_spread_fast rmappo | 1 | 2k | 20 s | -150.00 |" in out
+    assert "| mpe/simple_spread_fast rmappo | 1 | 1 / 1 | 2k | 20 s | -150.00 |" in out
     assert "mpe" in json.loads((tmp_path / "m.json").read_text())
     assert main(["report", str(tmp_path), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["final_mean"] == -150.0
@@ -397,3 +403,38 @@ def test_report_warns_when_seeds_end_at_different_steps_and_plot_counts_what_it_
     (other / "metrics.csv").write_text((other / "metrics.csv").read_text().replace(RETURN, "eps"))
     assert main(["plot", str(tmp_path), "--metric", "eps", "--out", str(tmp_path / "p.png")]) == 0
     assert "1 configuration, metric eps" in capsys.readouterr().out
+
+
+def test_the_report_counts_the_seeds_that_trained_their_whole_budget(tmp_path, capsys):
+    """A configuration whose seeds diverged, failed or stopped short of total_env_steps looked
+    like any other row but for its env steps: its row counts its complete seeds and names the
+    failures, and a warning per configuration says what happened."""
+    lr = {"algo.critic_lr": 1e6}
+    for seed in (1, 2):
+        good = _fake_run(tmp_path, seed, [(1000, -200.0), (2000, -150.0)])
+        (good / "error.txt").write_text("OSError: from before it resumed and completed\n")
+        bad = _fake_run(tmp_path, seed, [(1000, -400.0)], complete=False, **lr)
+        error = "Traceback ...\nmappo.trainer.TrainingDiverged: training diverged\n"
+        (bad / "error.txt").write_text(error if seed == 1 else "OSError: disk full\n\n")
+    short = _fake_run(tmp_path, 3, [(1000, -190.0)], complete=False, total_env_steps=2000)
+    (short / "summary.json").write_text(json.dumps({"env_steps": 1000}))  # stopped, resumable
+    assert main(["report", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "algo.critic_lr=0.0015 | 3 | 2 / 3 | 1.67k |" in out
+    assert "algo.critic_lr=1000000.0 | 2 | 0 / 2 (1 diverged, 1 failed) | 1k |" in out
+    assert err.count("warning") == 2
+    assert (
+        "'mpe/simple_spread_fast rmappo algo.critic_lr=0.0015': 1 of 3 seeds are incomplete (1 "
+        "stopped before total_env_steps or still training); the row's figures are from where "
+        "they stopped"
+    ) in err
+    assert (
+        "'mpe/simple_spread_fast rmappo algo.critic_lr=1000000.0': 2 of 2 seeds are incomplete "
+        "(1 diverged, 1 failed: see error.txt in their folders)"
+    ) in err
+    assert main(["report", str(tmp_path), "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["seeds"], r["complete"], r["failed"], r["diverged"]) for r in rows] == [
+        (3, 2, 0, 0),
+        (2, 0, 2, 1),
+    ]

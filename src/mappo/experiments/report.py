@@ -1,14 +1,14 @@
 """Report tables over run directories: one row per configuration, statistics over its seeds.
 
-Per configuration: the number of seeds, env steps and wall time (means over seeds), the final and
-the best greedy evaluation (means over seeds), and the interquartile mean of the final
-evaluations with a 95% percentile-bootstrap interval over seeds (:mod:`mappo.experiments.stats`),
-beside the MAPPO paper's figure where the preset is one of the paper's settings; with a target
-(``mappo report --target -120``), how many seeds reached it and when, in env steps and in wall
-time (compilation included), judged by the mean of the last few evaluations so that one lucky
-evaluation does not decide. Written as
-Markdown, CSV or JSON, and exported in the JSON layout of marl-eval (Gorsane et al. 2022), which
-BenchMARL and Mava read.
+Per configuration: the number of seeds and how many of them trained their whole budget (the
+others failed, diverged or stopped early, with a warning), env steps and wall time (means over
+seeds), the final and the best greedy evaluation (means over seeds), and the interquartile mean
+of the final evaluations with a 95% percentile-bootstrap interval over seeds
+(:mod:`mappo.experiments.stats`), beside the MAPPO paper's figure where the preset is one of the
+paper's settings; with a target (``mappo report --target -120``), how many seeds reached it and
+when, in env steps and in wall time (compilation included), judged by the mean of the last few
+evaluations so that one lucky evaluation does not decide. Written as Markdown, CSV or JSON, and
+exported in the JSON layout of marl-eval (Gorsane et al. 2022), which BenchMARL and Mava read.
 """
 
 from __future__ import annotations
@@ -60,6 +60,13 @@ class ReportRow:
     algo: str
     metric: str
     seeds: int
+    complete: int
+    """Seeds that trained their whole budget (:attr:`RunRecord.complete`); the others' figures
+    are from where they stopped."""
+    failed: int
+    """Seeds whose folder holds a sweep's ``error.txt`` (``diverged`` included)."""
+    diverged: int
+    """Seeds that failed with ``TrainingDiverged``."""
     env_steps: float
     wall_seconds: float
     final_mean: float
@@ -150,8 +157,16 @@ def report_rows(
             hit = None if target is None else _reach(run, name, target, window)
             if hit is not None:
                 reached.append(hit)
-        if len(set(ends)) > 1:
-            # A stopped seed's last evaluation is an earlier one (a plot cuts to the shared range).
+        complete = sum(run.complete for run in runs)
+        if complete < len(runs):
+            warnings.warn(
+                f"'{conf.label}': {len(runs) - complete} of {len(runs)} seeds are incomplete "
+                f"({_shortfall(runs)}); the row's figures are from where they stopped",
+                stacklevel=2,
+            )
+        elif len(set(ends)) > 1:
+            # Complete seeds of different budgets (total_env_steps is bookkeeping): the earlier
+            # ones' last evaluation is an earlier one (a plot cuts to the shared range).
             warnings.warn(
                 f"the seeds of '{conf.label}' last evaluated '{name}' at different env steps "
                 f"({min(ends):,} to {max(ends):,}); their final values are averaged as they are",
@@ -169,6 +184,9 @@ def report_rows(
                 algo=conf.runs[0].algo,
                 metric=name,
                 seeds=len(runs),
+                complete=complete,
+                failed=sum(run.failed for run in runs),
+                diverged=sum(run.diverged for run in runs),
                 env_steps=_mean([run.final("env_steps") for run in runs]),
                 wall_seconds=_mean([run.final("wall_seconds") for run in runs]),
                 final_mean=_mean(finals),
@@ -189,6 +207,25 @@ def report_rows(
     if rows and not any(row.seeds for row in rows):
         raise not_evaluated(metric or default_metric([r for c in configs for r in c.runs]))
     return rows
+
+
+def _failures(failed: int, diverged: int) -> str:
+    """``2 diverged, 1 failed`` (empty when both are zero)."""
+    parts = [f"{diverged} diverged"] if diverged else []
+    return ", ".join(parts + ([f"{failed - diverged} failed"] if failed > diverged else []))
+
+
+def _shortfall(runs: list[RunRecord]) -> str:
+    """Why ``runs`` are not complete, in words: the failures, then the seeds that stopped."""
+    failed = [run for run in runs if run.failed]
+    short = sum(not run.complete and not run.failed for run in runs)
+    parts = []
+    if failed:
+        text = _failures(len(failed), sum(run.diverged for run in failed))
+        parts.append(f"{text}: see error.txt in their folders")
+    if short:
+        parts.append(f"{short} stopped before total_env_steps or still training")
+    return "; ".join(parts)
 
 
 def _median(values: list[float]) -> float:
@@ -233,7 +270,8 @@ def format_markdown(rows: list[ReportRow]) -> str:
     """A Markdown table with the metric named above it."""
     metrics = sorted({r.metric for r in rows})
     targeted = [r for r in rows if math.isfinite(r.target)]
-    names = ["configuration", "seeds", "env steps", "wall", "final (mean)", "best (mean)"]
+    names = ["configuration", "seeds", "complete", "env steps", "wall", "final (mean)"]
+    names += ["best (mean)"]
     names += ["final IQM [95% CI]"]
     if targeted:
         t = targeted[0]
@@ -250,6 +288,8 @@ def format_markdown(rows: list[ReportRow]) -> str:
         cells = [
             r.configuration,
             str(r.seeds),
+            f"{r.complete} / {r.seeds}"
+            + (f" ({_failures(r.failed, r.diverged)})" if r.failed else ""),
             _steps(r.env_steps),
             f"{_num(r.wall_seconds, 0)} s",
             _num(r.final_mean),

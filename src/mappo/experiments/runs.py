@@ -76,6 +76,32 @@ class RunRecord:
     summary: dict[str, Any] | None = None
     algo: str = ""
     """The algorithm label (``rmappo``, ``qmix``...) as the run directory names it."""
+    error: str = ""
+    """The last line of the folder's ``error.txt`` (the exception of a sweep trial that
+    failed), empty without one."""
+
+    @property
+    def complete(self) -> bool:
+        """Whether the run trained its budget: its ``summary.json`` (written at a run's end)
+        counts at least ``total_env_steps``. Its figures are then at that budget, not where
+        the run stopped."""
+        try:
+            steps = int((self.summary or {})["env_steps"])
+            budget = int(self.config.get("total_env_steps") or 0)
+        except (KeyError, TypeError, ValueError):
+            return False
+        return steps >= budget
+
+    @property
+    def failed(self) -> bool:
+        """Whether the run stopped on an error (an ``error.txt``, which a sweep writes; one left
+        from before a run resumed outside the sweep and completed does not count)."""
+        return bool(self.error) and not self.complete
+
+    @property
+    def diverged(self) -> bool:
+        """Whether the run failed with :class:`mappo.trainer.TrainingDiverged`."""
+        return self.failed and "TrainingDiverged" in self.error
 
     @property
     def seed(self) -> int:
@@ -161,7 +187,16 @@ def read_run(path: Path) -> RunRecord:
         algo = config_mod.from_dict(data).algo_name
     except (ValueError, TypeError):  # a config written by another version: its raw label
         algo = str(flat.get("name") or flat.get("algo.name", "?"))
-    return RunRecord(path, flat, columns, summary, algo)
+    return RunRecord(path, flat, columns, summary, algo, _error_line(path))
+
+
+def _error_line(path: Path) -> str:
+    """The last non-blank line of ``path/error.txt`` (its exception), empty without one."""
+    try:
+        lines = (path / "error.txt").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip()), "error.txt")
 
 
 def last_logged_step(path: Path) -> int | None:
