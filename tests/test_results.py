@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -438,3 +439,21 @@ def test_the_report_counts_the_seeds_that_trained_their_whole_budget(tmp_path, c
         (3, 2, 0, 0),
         (2, 0, 2, 1),
     ]
+
+
+def test_seeds_of_one_budget_ending_within_an_iteration_are_not_warned_about(tmp_path):
+    """The value family counts whole episodes, so its seeds never end on one step (QMIX's
+    20,110 and 20,163): within one iteration of each other they are not called stopped; a spread
+    of more than an iteration (budgets of 16k and 20k) is."""
+    for seed, end in ((1, 20_110), (2, 20_163), (3, 16_020)):
+        d = _fake_run(tmp_path / ("short" if seed == 3 else ""), seed, [(end, 0.5)])
+        rows = [(i, i * end // 55) for i in (2, 4, 53, 55)]  # ~370 steps an iteration
+        lines = ["env_steps,iteration,eval/eval_return_mean"]
+        lines += [f"{steps},{i}," for i, steps in rows[:-1]] + [f"{end},55,0.5"]
+        (d / "metrics.csv").write_text("\n".join(lines) + "\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (row,) = report_rows(group_runs(find_runs([tmp_path / "mpe"])), RETURN)
+    assert row.seeds == row.complete == 2
+    with pytest.warns(UserWarning, match=r"different env steps \(16,020 to 20,163\)"):
+        report_rows(group_runs(find_runs([tmp_path])), RETURN)

@@ -164,9 +164,12 @@ def report_rows(
                 f"({_shortfall(runs)}); the row's figures are from where they stopped",
                 stacklevel=2,
             )
-        elif len(set(ends)) > 1:
+        elif ends and max(ends) - min(ends) > max(run.iteration_steps for run in runs):
             # Complete seeds of different budgets (total_env_steps is bookkeeping): the earlier
-            # ones' last evaluation is an earlier one (a plot cuts to the shared range).
+            # ones' last evaluation is an earlier one (a plot cuts to the shared range). Seeds of
+            # one budget end less than one iteration apart, not on one step: a run stops at the
+            # first iteration that reaches its budget, and evaluates there, and the value
+            # family's iterations are whole episodes, whose lengths vary from seed to seed.
             warnings.warn(
                 f"the seeds of '{conf.label}' last evaluated '{name}' at different env steps "
                 f"({min(ends):,} to {max(ends):,}); their final values are averaged as they are",

@@ -116,6 +116,22 @@ class RunRecord:
         """The preset the run came from, or its env name for a YAML file's config."""
         return str(self.config.get("preset") or self.task)
 
+    @property
+    def iteration_steps(self) -> float:
+        """The env steps of one of the run's iterations, as its rows tell: the largest mean over
+        the iterations between two logged rows (0 without an ``iteration`` column). A MAPPO
+        iteration is a fixed rollout; the value family's are whole episodes, which vary."""
+        iterations = self.columns.get("iteration")
+        if iterations is None:
+            return 0.0
+        steps = self.columns["env_steps"]
+        keep = np.isfinite(steps) & np.isfinite(iterations)
+        # (``iteration`` counts the iterations done, so a row at zero of both starts the run)
+        d_steps = np.diff(steps[keep], prepend=0.0)
+        d_iterations = np.diff(iterations[keep], prepend=0.0)
+        per = d_steps[d_iterations > 0] / d_iterations[d_iterations > 0]
+        return float(per.max()) if per.size else 0.0
+
     def curve(self, metric: str, x: str = "env_steps") -> tuple[np.ndarray, np.ndarray]:
         """``(x, y)`` at the rows where ``metric`` was logged; both ``[k]``."""
         if metric not in self.columns:
