@@ -457,3 +457,25 @@ def test_seeds_of_one_budget_ending_within_an_iteration_are_not_warned_about(tmp
     assert row.seeds == row.complete == 2
     with pytest.warns(UserWarning, match=r"different env steps \(16,020 to 20,163\)"):
         report_rows(group_runs(find_runs([tmp_path])), RETURN)
+
+
+def test_a_metric_s_typo_gets_the_nearest_column_and_a_summary_name_its_column(tmp_path, capsys):
+    """``--metric eval_return_mean`` (the name summary.json and ``mappo train`` use) reads as its
+    column; a typo is one line naming the nearest column, without the loss and time columns."""
+    d = _fake_run(tmp_path, 1, [(1000, -200.0), (2000, -150.0)])
+    text = (d / "metrics.csv").read_text()
+    (d / "metrics.csv").write_text(text.replace("\n", ",loss/agents/value_loss\n", 1))
+    for name, column in (("eval_return_mean", RETURN), ("train_episode_return", "train/")):
+        assert main(["report", str(tmp_path), "--metric", name]) == 0
+        assert capsys.readouterr().out.startswith(f"Metric: `{column}")
+    (row,) = report_rows(group_runs(find_runs([tmp_path])), "eval_return_mean")
+    assert row.metric == RETURN and row.final_mean == -150.0
+    for command in ("report", "plot"):
+        argv = [command, str(tmp_path), "--metric", "eval/eval_retrun_mean"]
+        assert main([*argv, "--out", str(tmp_path / "c.png")] if command == "plot" else argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (
+            "mappo: error: no run logs the column 'eval/eval_retrun_mean'; did you mean "
+            f"'{RETURN}'? (the runs' evaluation and training columns: {RETURN}, "
+            "train/episode_return)"
+        )

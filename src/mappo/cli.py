@@ -596,10 +596,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     if args.out.suffix.lower() not in (".png", ".pdf", ".svg"):
         raise config_mod.ConfigError(f"--out must name a .png, .pdf or .svg file, got '{args.out}'")
-    from mappo.experiments.runs import default_metric
+    from mappo.experiments.runs import check_metric, default_metric
 
     configs, runs = _results(args)
-    metric = args.metric or default_metric(runs)
+    metric = check_metric(runs, args.metric) if args.metric else default_metric(runs)
     fig = plot_curves(configs, metric, args.x, out=args.out, title=args.title)
     # (configurations that do not log the metric were left out, with a warning)
     drawn = sum(len(ax.get_legend_handles_labels()[1]) for ax in fig.axes)
@@ -795,8 +795,8 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("dirs", nargs="+", help="run directories or folders holding them")
         q.add_argument(
             "--metric",
-            help="metrics.csv column (default: eval/eval_battle_won if logged, else "
-            "eval/eval_return_mean)",
+            help="metrics.csv column, or its summary.json name (eval_return_mean) (default: "
+            "eval/eval_battle_won if logged, else eval/eval_return_mean)",
         )
         if name == "plot":
             q.add_argument("--out", type=Path, required=True, help="figure file (.png/.pdf/.svg)")

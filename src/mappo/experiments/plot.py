@@ -61,7 +61,7 @@ def plot_curves(
     matplotlib Figure; its axes follow the tasks in the order of ``configs``."""
     if x not in X_AXES:
         raise ResultsError(f"--x must be one of {list(X_AXES)}, got {x!r}")
-    check_metric([r for c in configs for r in c.runs], metric)
+    metric = check_metric([r for c in configs for r in c.runs], metric)
     panels: dict[str, list[tuple[Configuration, tuple[np.ndarray, ...]]]] = {}
     for conf in configs:
         if not any(metric in r.columns for r in conf.runs):

@@ -137,7 +137,7 @@ def report_rows(
     if window < 1:
         raise ResultsError(f"--window must be at least 1 evaluation, not {window}")
     if metric is not None:
-        check_metric([r for c in configs for r in c.runs], metric)
+        metric = check_metric([r for c in configs for r in c.runs], metric)
     rows = []
     for conf in configs:
         name = metric or default_metric(conf.runs)
@@ -343,6 +343,8 @@ def marl_eval(configs: list[Configuration], metric: str | None = None) -> dict[s
     not its episodes, so every list holds that one mean; the metric is ``win_rate`` for battle
     wins and ``return`` otherwise. ``absolute_metrics`` is the final evaluation.
     """
+    if metric is not None:
+        metric = check_metric([r for c in configs for r in c.runs], metric)
     out: dict[str, Any] = {}
     for conf in configs:
         column = metric or default_metric(conf.runs)

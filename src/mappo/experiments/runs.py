@@ -9,6 +9,7 @@ keys that do not change what is learned (threads, device, logging, the budget...
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 import json
 import math
@@ -320,17 +321,28 @@ def _one_run_per_seed(conf: Configuration) -> list[RunRecord]:
     return sorted(kept.values(), key=lambda r: r.seed)
 
 
-def check_metric(runs: list[RunRecord], metric: str) -> None:
-    """Refuse a metric that no run logs, naming the columns they have."""
-    if not any(metric in r.columns for r in runs):
-        if metric.startswith("eval/") and not any(
-            c.startswith("eval/") for r in runs for c in r.columns
-        ):
-            raise not_evaluated(metric)
-        columns = sorted({c for r in runs for c in r.columns})
-        raise ResultsError(
-            f"no run logs the column '{metric}'; the runs have: {', '.join(columns)}"
-        )
+def check_metric(runs: list[RunRecord], metric: str) -> str:
+    """``metric`` as the column the runs log it in: a name as ``mappo train`` prints it and
+    ``summary.json`` holds it (``eval_return_mean``, ``train_episode_return``) reads as its
+    column (``eval/eval_return_mean``, ``train/episode_return``). A metric that no run logs is
+    refused, with the nearest column and the evaluation and training columns (metrics.csv has
+    some thirty)."""
+    columns = sorted({c for r in runs for c in r.columns})
+    if metric in columns:
+        return metric
+    if "/" not in metric:  # (summary.json's eval_x is eval/eval_x, its train_x train/x)
+        for column in (f"eval/{metric}", metric.replace("_", "/", 1)):
+            if column in columns:
+                return column
+    if metric.startswith("eval/") and not any(c.startswith("eval/") for c in columns):
+        raise not_evaluated(metric)
+    close = difflib.get_close_matches(metric, columns, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    listed = [c for c in columns if c.startswith(("eval/", "train/"))] or columns
+    raise ResultsError(
+        f"no run logs the column '{metric}'{hint} (the runs' evaluation and training columns: "
+        f"{', '.join(listed)})"
+    )
 
 
 def not_evaluated(metric: str) -> ResultsError:
