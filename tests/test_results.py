@@ -479,3 +479,20 @@ def test_a_metric_s_typo_gets_the_nearest_column_and_a_summary_name_its_column(t
             f"'{RETURN}'? (the runs' evaluation and training columns: {RETURN}, "
             "train/episode_return)"
         )
+
+
+def test_a_metric_that_a_configuration_s_runs_never_log_leaves_its_row_out(tmp_path, capsys):
+    """Particle-world runs that evaluate but have no win rate will never have one: left out as
+    not logging it (they were kept as a row of no seeds "without values yet"), as plot does."""
+    _fake_run(tmp_path, 1, [(1000, -200.0)])
+    smac = _fake_run(tmp_path, 1, [(1000, 0.5)], preset="smac/3m_fast")
+    text = (smac / "metrics.csv").read_text().replace(RETURN, "eval/eval_battle_won")
+    (smac / "metrics.csv").write_text(text)
+    for argv in (["report"], ["plot", "--out", str(tmp_path / "c.png")]):
+        assert main([*argv, str(tmp_path), "--metric", "eval/eval_battle_won"]) == 0
+        out, err = capsys.readouterr()
+        assert "simple_spread" not in out and "values yet" not in err
+        assert (
+            "mappo: warning: 'mpe/simple_spread_fast rmappo' does not log 'eval/eval_battle_won'; "
+            "left out"
+        ) in err

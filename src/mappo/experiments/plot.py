@@ -9,7 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from mappo.experiments.runs import Configuration, ResultsError, check_metric, with_values
+from mappo.experiments.runs import (
+    Configuration,
+    ResultsError,
+    check_metric,
+    never_logs,
+    with_values,
+)
 from mappo.experiments.stats import bootstrap_curves
 
 X_AXES = {"env_steps": "env steps", "wall_seconds": "wall time (s)"}
@@ -64,13 +70,12 @@ def plot_curves(
     metric = check_metric([r for c in configs for r in c.runs], metric)
     panels: dict[str, list[tuple[Configuration, tuple[np.ndarray, ...]]]] = {}
     for conf in configs:
-        if not any(metric in r.columns for r in conf.runs):
+        if never_logs(conf.runs, metric):
             warnings.warn(f"'{conf.label}' does not log '{metric}'; left out", stacklevel=2)
             continue
         try:
             series = aggregate(conf, metric, x)
-        except ResultsError as err:  # no seed of it has evaluated yet
-            warnings.warn(f"{err}; left out", stacklevel=2)
+        except ResultsError:  # no seed of it has evaluated yet (with_values warned of them)
             continue
         panels.setdefault(conf.task, []).append((conf, series))
     plt = _pyplot()

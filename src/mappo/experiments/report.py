@@ -32,6 +32,7 @@ from mappo.experiments.runs import (
     check_metric,
     default_metric,
     full_config,
+    never_logs,
     not_evaluated,
     setting_items,
     with_values,
@@ -141,10 +142,9 @@ def report_rows(
     rows = []
     for conf in configs:
         name = metric or default_metric(conf.runs)
-        logged = any(name in r.columns for r in conf.runs)
-        if metric is not None and not metric.startswith("eval/") and not logged:
-            # Another kind of run (a row of no seeds would say nothing). An evaluation's column
-            # appears with the first evaluation: runs without it may be early, and keep a row.
+        if never_logs(conf.runs, name):
+            # Another kind of run (a row of no seeds would say nothing); runs that have not
+            # evaluated yet keep a row of no seeds.
             warnings.warn(f"'{conf.label}' does not log '{name}'; left out", stacklevel=2)
             continue
         runs = with_values(conf, name)

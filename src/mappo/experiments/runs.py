@@ -368,6 +368,18 @@ def with_values(conf: Configuration, metric: str, x: str = "env_steps") -> list[
     return kept
 
 
+def never_logs(runs: list[RunRecord], metric: str) -> bool:
+    """Whether ``runs`` (a configuration's) do not log ``metric``: none has its column, though
+    they already have columns of its kind. An evaluation's columns appear together with a run's
+    first evaluation, so runs that have other ``eval/`` columns but not this one will never log
+    it (a particle world's runs and a win rate), while runs without any may only be early."""
+    if any(metric in r.columns for r in runs):
+        return False
+    return not metric.startswith("eval/") or any(
+        c.startswith("eval/") for r in runs for c in r.columns
+    )
+
+
 def default_metric(runs: list[RunRecord]) -> str:
     """The greedy win rate where runs log one (StarCraft-style maps), else the greedy return."""
     return WIN_RATE if any(WIN_RATE in r.columns for r in runs) else RETURN
