@@ -496,3 +496,24 @@ def test_a_metric_that_a_configuration_s_runs_never_log_leaves_its_row_out(tmp_p
             "mappo: warning: 'mpe/simple_spread_fast rmappo' does not log 'eval/eval_battle_won'; "
             "left out"
         ) in err
+
+
+def test_plot_without_a_metric_draws_each_task_s_default(tmp_path, capsys):
+    """A StarCraft-style task's win rate and a particle world's return in one plot: each panel
+    draws its task's default metric (one metric for all drew only the StarCraft panel)."""
+    _fake_run(tmp_path, 1, [(1000, -200.0), (2000, -150.0)])
+    smac = _fake_run(tmp_path, 1, [(1000, 0.25), (2000, 0.5)], preset="smac/3m_fast")
+    text = (smac / "metrics.csv").read_text().replace(RETURN, "eval/eval_battle_won")
+    (smac / "metrics.csv").write_text(text)
+    fig = plot_curves(group_runs(find_runs([tmp_path])))
+    assert [(ax.get_title(), ax.get_ylabel(), len(ax.lines)) for ax in fig.axes] == [
+        ("mpe/simple_spread", RETURN, 1),
+        ("smac/3m", "eval/eval_battle_won", 1),
+    ]
+    assert main(["plot", str(tmp_path), "--out", str(tmp_path / "c.png")]) == 0
+    out, err = capsys.readouterr()
+    assert out == (
+        f"wrote {tmp_path / 'c.png'}: 2 configurations, metrics {RETURN} (mpe/simple_spread), "
+        "eval/eval_battle_won (smac/3m) against env_steps\n"
+    )
+    assert "does not log" not in err

@@ -596,15 +596,22 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     if args.out.suffix.lower() not in (".png", ".pdf", ".svg"):
         raise config_mod.ConfigError(f"--out must name a .png, .pdf or .svg file, got '{args.out}'")
-    from mappo.experiments.runs import check_metric, default_metric
+    from mappo.experiments.runs import default_metric
 
     configs, runs = _results(args)
-    metric = check_metric(runs, args.metric) if args.metric else default_metric(runs)
-    fig = plot_curves(configs, metric, args.x, out=args.out, title=args.title)
+    fig = plot_curves(configs, args.metric, args.x, out=args.out, title=args.title)
     # (configurations that do not log the metric were left out, with a warning)
     drawn = sum(len(ax.get_legend_handles_labels()[1]) for ax in fig.axes)
     plural = "s" if drawn != 1 else ""
-    print(f"wrote {args.out}: {drawn} configuration{plural}, metric {metric} against {args.x}")
+    tasks: dict[str, list[str]] = {}  # metric -> its panels (each task's default metric)
+    for ax in fig.axes:
+        if ax.get_ylabel():
+            tasks.setdefault(ax.get_ylabel(), []).append(ax.get_title())
+    if len(tasks) > 1:
+        what = "metrics " + ", ".join(f"{m} ({', '.join(t)})" for m, t in tasks.items())
+    else:
+        what = f"metric {next(iter(tasks), args.metric or default_metric(runs))}"
+    print(f"wrote {args.out}: {drawn} configuration{plural}, {what} against {args.x}")
     return 0
 
 
