@@ -517,3 +517,24 @@ def test_plot_without_a_metric_draws_each_task_s_default(tmp_path, capsys):
         "eval/eval_battle_won (smac/3m) against env_steps\n"
     )
     assert "does not log" not in err
+
+
+def test_a_target_over_configurations_of_different_metrics_is_refused(tmp_path, capsys):
+    """A level is one metric's: over a win rate and a return (each configuration's default)
+    it was applied to both. The table of such rows names each row's metric."""
+    _fake_run(tmp_path, 1, [(1000, -200.0), (2000, -150.0)])
+    smac = _fake_run(tmp_path, 1, [(1000, 0.25), (2000, 0.5)], preset="smac/3m_fast")
+    text = (smac / "metrics.csv").read_text().replace(RETURN, "eval/eval_battle_won")
+    (smac / "metrics.csv").write_text(text)
+    assert main(["report", str(tmp_path), "--target", "0.5"]) == 2
+    assert capsys.readouterr().err == (
+        "mappo: error: --target is a level of one metric, but the configurations report "
+        f"eval/eval_battle_won and {RETURN}; pass --metric\n"
+    )
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| configuration | metric | seeds |" in out
+    assert "| smac/3m_fast mappo | eval/eval_battle_won | 1 |" in out
+    argv = ["report", str(tmp_path), "--metric", "eval/eval_battle_won", "--target", "0.5"]
+    assert main(argv) == 0
+    assert "| smac/3m_fast mappo | 1 | 1 / 1 | 2k |" in capsys.readouterr().out

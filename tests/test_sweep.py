@@ -685,7 +685,7 @@ def test_a_sweep_of_two_tasks_plots_each_task_s_default_metric(tmp_path, monkeyp
 
     monkeypatch.setattr(plot, "plot_curves", keep)
     report = S.write_outputs(spec)
-    assert report is not None and "| smac/3m_fast mappo | 1 | 1 / 1 |" in report
+    assert report is not None and "| smac/3m_fast mappo | eval/eval_battle_won | 1 |" in report
     (fig,) = figures
     assert [(ax.get_title(), ax.get_ylabel()) for ax in fig.axes] == [
         ("mpe/simple_spread", "eval/eval_return_mean"),

@@ -139,6 +139,13 @@ def report_rows(
         raise ResultsError(f"--window must be at least 1 evaluation, not {window}")
     if metric is not None:
         metric = check_metric([r for c in configs for r in c.runs], metric)
+    elif target is not None:
+        defaults = sorted({default_metric(c.runs) for c in configs})
+        if len(defaults) > 1:  # (a level of -120 is a return's; every win rate would miss it)
+            raise ResultsError(
+                f"--target is a level of one metric, but the configurations report "
+                f"{' and '.join(defaults)}; pass --metric"
+            )
     rows = []
     for conf in configs:
         name = metric or default_metric(conf.runs)
@@ -273,8 +280,8 @@ def format_markdown(rows: list[ReportRow]) -> str:
     """A Markdown table with the metric named above it."""
     metrics = sorted({r.metric for r in rows})
     targeted = [r for r in rows if math.isfinite(r.target)]
-    names = ["configuration", "seeds", "complete", "env steps", "wall", "final (mean)"]
-    names += ["best (mean)"]
+    names = ["configuration"] + ["metric"] * (len(metrics) > 1)  # (each task's default)
+    names += ["seeds", "complete", "env steps", "wall", "final (mean)", "best (mean)"]
     names += ["final IQM [95% CI]"]
     if targeted:
         t = targeted[0]
@@ -288,8 +295,8 @@ def format_markdown(rows: list[ReportRow]) -> str:
     lines = []
     for r in rows:
         paper = f"{r.paper} ({r.paper_source})" if r.paper else ""
-        cells = [
-            r.configuration,
+        cells = [r.configuration] + [r.metric] * (len(metrics) > 1)
+        cells += [
             str(r.seeds),
             f"{r.complete} / {r.seeds}"
             + (f" ({_failures(r.failed, r.diverged)})" if r.failed else ""),
