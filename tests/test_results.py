@@ -538,3 +538,18 @@ def test_a_target_over_configurations_of_different_metrics_is_refused(tmp_path, 
     argv = ["report", str(tmp_path), "--metric", "eval/eval_battle_won", "--target", "0.5"]
     assert main(argv) == 0
     assert "| smac/3m_fast mappo | 1 | 1 / 1 | 2k |" in capsys.readouterr().out
+
+
+def test_values_that_are_not_finite_are_left_out_with_a_warning(tmp_path):
+    """A damaged or foreign metrics.csv with nan or inf evaluations: they are left out (the
+    final value is then an earlier evaluation), as before, but no longer silently."""
+    d = _fake_run(tmp_path, 1, [(1000, -200.0), (2000, -150.0), (3000, -140.0)])
+    text = (d / "metrics.csv").read_text()
+    (d / "metrics.csv").write_text(text.replace(",-150.0\n", ",inf\n").replace(",-140.0", ",nan"))
+    with pytest.warns(UserWarning) as caught:
+        (row,) = report_rows(group_runs(find_runs([tmp_path])), RETURN)
+    assert row.final_mean == -200.0
+    assert [str(w.message) for w in caught] == [
+        f"'{d}' has 2 NaN or infinite values of '{RETURN}' (of 3); left out, so its final value "
+        "is its last finite one"
+    ]

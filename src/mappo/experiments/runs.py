@@ -77,6 +77,9 @@ class RunRecord:
     summary: dict[str, Any] | None = None
     algo: str = ""
     """The algorithm label (``rmappo``, ``qmix``...) as the run directory names it."""
+    nonfinite: dict[str, int] = field(default_factory=dict)
+    """Per column, its values written as NaN, inf or text: read as NaN, they are left out as
+    rows without a value are, and named in a warning (:func:`with_values`)."""
     error: str = ""
     """The last line of the folder's ``error.txt`` (the exception of a sweep trial that
     failed), empty without one."""
@@ -193,7 +196,13 @@ def read_run(path: Path) -> RunRecord:
             "damaged header, or not a metrics file of mappo; restore its first line"
         )
     flat = full_config(data)
-    columns = {name: np.array([_float(r.get(name) or "") for r in rows]) for name in names}
+    columns, nonfinite = {}, {}
+    for name in names:
+        texts = [r.get(name) or "" for r in rows]
+        columns[name] = np.array([_float(t) for t in texts])
+        written = sum(1 for t in texts if t.strip())
+        if written > np.isfinite(columns[name]).sum():
+            nonfinite[name] = int(written - np.isfinite(columns[name]).sum())
     summary = None
     if (path / "summary.json").is_file():
         try:
@@ -204,7 +213,7 @@ def read_run(path: Path) -> RunRecord:
         algo = config_mod.from_dict(data).algo_name
     except (ValueError, TypeError):  # a config written by another version: its raw label
         algo = str(flat.get("name") or flat.get("algo.name", "?"))
-    return RunRecord(path, flat, columns, summary, algo, _error_line(path))
+    return RunRecord(path, flat, columns, summary, algo, nonfinite, _error_line(path))
 
 
 def _error_line(path: Path) -> str:
@@ -357,7 +366,17 @@ def not_evaluated(metric: str) -> ResultsError:
 
 def with_values(conf: Configuration, metric: str, x: str = "env_steps") -> list[RunRecord]:
     """The runs of ``conf`` with at least one value of ``metric``; the others (stopped before
-    their first evaluation, or of a task that does not log it) are left out with a warning."""
+    their first evaluation, or of a task that does not log it) are left out with a warning, as
+    is each run with values that are not finite numbers."""
+    for run in conf.runs:
+        bad = run.nonfinite.get(metric, 0)
+        if bad:  # (a damaged or foreign metrics.csv: mappo stops a diverged run before)
+            logged = bad + int(np.isfinite(run.columns[metric]).sum())
+            warnings.warn(
+                f"'{run.dir}' has {bad} NaN or infinite value{'s' if bad > 1 else ''} of "
+                f"'{metric}' (of {logged}); left out, so its final value is its last finite one",
+                stacklevel=2,
+            )
     kept = [r for r in conf.runs if metric in r.columns and r.curve(metric, x)[0].size]
     if len(kept) < len(conf.runs):
         warnings.warn(
