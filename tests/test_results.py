@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -25,11 +26,15 @@ def _fake_run(
     seed: int,
     evals: list[tuple[int, float]],
     preset: str = "mpe/simple_spread_fast",
+    complete: bool = True,
     **overrides,
 ) -> Path:
     """A run directory as mappo writes one: config.yaml and metrics.csv with evaluation rows
-    (and training rows between them, which have no evaluation)."""
-    cfg = C.load(preset, {"seed": seed, **overrides})
+    (and training rows between them, which have no evaluation); with ``complete`` (and
+    evaluations) a budget of the last evaluation's step and the summary.json of a run that
+    trained it."""
+    budget = {"total_env_steps": evals[-1][0]} if complete and evals else {}
+    cfg = C.load(preset, {"seed": seed, **budget, **overrides})
     d = root / f"{preset}/{'_'.join(f'{k}{v}' for k, v in overrides.items())}/seed{seed}"
     d.mkdir(parents=True)
     (d / "config.yaml").write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))
@@ -38,6 +43,8 @@ def _fake_run(
         lines.append(f"{step - 50},{step / 100},{value - 1},")
         lines.append(f"{step},{step / 100},{value - 1},{value}")
     (d / "metrics.csv").write_text("\n".join(lines) + "\n")
+    if complete and evals:
+        (d / "summary.json").write_text(json.dumps({"env_steps": evals[-1][0]}))
     return d
 
 
@@ -189,7 +196,7 @@ def test_cli_report_plot_and_their_errors(tmp_path, capsys):
     _fake_run(tmp_path, 1, [(1000, -200.0), (2000, -150.0)])
     assert main(["report", str(tmp_path), "--marl-eval", str(tmp_path / "m.json")]) == 0
     out = capsys.readouterr().out
-    assert "| mpe/simple_spread_fast rmappo | 1 | 2k | 20 s | -150.00 |" in out
+    assert "| mpe/simple_spread_fast rmappo | 1 | 1 / 1 | 2k | 20 s | -150.00 |" in out
     assert "mpe" in json.loads((tmp_path / "m.json").read_text())
     assert main(["report", str(tmp_path), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["final_mean"] == -150.0
@@ -397,3 +404,152 @@ def test_report_warns_when_seeds_end_at_different_steps_and_plot_counts_what_it_
     (other / "metrics.csv").write_text((other / "metrics.csv").read_text().replace(RETURN, "eps"))
     assert main(["plot", str(tmp_path), "--metric", "eps", "--out", str(tmp_path / "p.png")]) == 0
     assert "1 configuration, metric eps" in capsys.readouterr().out
+
+
+def test_the_report_counts_the_seeds_that_trained_their_whole_budget(tmp_path, capsys):
+    """A configuration whose seeds diverged, failed or stopped short of total_env_steps looked
+    like any other row but for its env steps: its row counts its complete seeds and names the
+    failures, and a warning per configuration says what happened."""
+    lr = {"algo.critic_lr": 1e6}
+    for seed in (1, 2):
+        good = _fake_run(tmp_path, seed, [(1000, -200.0), (2000, -150.0)])
+        (good / "error.txt").write_text("OSError: from before it resumed and completed\n")
+        bad = _fake_run(tmp_path, seed, [(1000, -400.0)], complete=False, **lr)
+        error = "Traceback ...\nmappo.trainer.TrainingDiverged: training diverged\n"
+        (bad / "error.txt").write_text(error if seed == 1 else "OSError: disk full\n\n")
+    short = _fake_run(tmp_path, 3, [(1000, -190.0)], complete=False, total_env_steps=2000)
+    (short / "summary.json").write_text(json.dumps({"env_steps": 1000}))  # stopped, resumable
+    assert main(["report", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "algo.critic_lr=0.0015 | 3 | 2 / 3 | 1.67k |" in out
+    assert "algo.critic_lr=1000000.0 | 2 | 0 / 2 (1 diverged, 1 failed) | 1k |" in out
+    assert err.count("warning") == 2
+    assert (
+        "'mpe/simple_spread_fast rmappo algo.critic_lr=0.0015': 1 of 3 seeds are incomplete (1 "
+        "stopped before total_env_steps or still training); the row's figures are from where "
+        "they stopped"
+    ) in err
+    assert (
+        "'mpe/simple_spread_fast rmappo algo.critic_lr=1000000.0': 2 of 2 seeds are incomplete "
+        "(1 diverged, 1 failed: see error.txt in their folders)"
+    ) in err
+    assert main(["report", str(tmp_path), "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["seeds"], r["complete"], r["failed"], r["diverged"]) for r in rows] == [
+        (3, 2, 0, 0),
+        (2, 0, 2, 1),
+    ]
+
+
+def test_seeds_of_one_budget_ending_within_an_iteration_are_not_warned_about(tmp_path):
+    """The value family counts whole episodes, so its seeds never end on one step (QMIX's
+    20,110 and 20,163): within one iteration of each other they are not called stopped; a spread
+    of more than an iteration (budgets of 16k and 20k) is."""
+    for seed, end in ((1, 20_110), (2, 20_163), (3, 16_020)):
+        d = _fake_run(tmp_path / ("short" if seed == 3 else ""), seed, [(end, 0.5)])
+        rows = [(i, i * end // 55) for i in (2, 4, 53, 55)]  # ~370 steps an iteration
+        lines = ["env_steps,iteration,eval/eval_return_mean"]
+        lines += [f"{steps},{i}," for i, steps in rows[:-1]] + [f"{end},55,0.5"]
+        (d / "metrics.csv").write_text("\n".join(lines) + "\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (row,) = report_rows(group_runs(find_runs([tmp_path / "mpe"])), RETURN)
+    assert row.seeds == row.complete == 2
+    with pytest.warns(UserWarning, match=r"different env steps \(16,020 to 20,163\)"):
+        report_rows(group_runs(find_runs([tmp_path])), RETURN)
+
+
+def test_a_metric_s_typo_gets_the_nearest_column_and_a_summary_name_its_column(tmp_path, capsys):
+    """``--metric eval_return_mean`` (the name summary.json and ``mappo train`` use) reads as its
+    column; a typo is one line naming the nearest column, without the loss and time columns."""
+    d = _fake_run(tmp_path, 1, [(1000, -200.0), (2000, -150.0)])
+    text = (d / "metrics.csv").read_text()
+    (d / "metrics.csv").write_text(text.replace("\n", ",loss/agents/value_loss\n", 1))
+    for name, column in (("eval_return_mean", RETURN), ("train_episode_return", "train/")):
+        assert main(["report", str(tmp_path), "--metric", name]) == 0
+        assert capsys.readouterr().out.startswith(f"Metric: `{column}")
+    (row,) = report_rows(group_runs(find_runs([tmp_path])), "eval_return_mean")
+    assert row.metric == RETURN and row.final_mean == -150.0
+    for command in ("report", "plot"):
+        argv = [command, str(tmp_path), "--metric", "eval/eval_retrun_mean"]
+        assert main([*argv, "--out", str(tmp_path / "c.png")] if command == "plot" else argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == (
+            "mappo: error: no run logs the column 'eval/eval_retrun_mean'; did you mean "
+            f"'{RETURN}'? (the runs' evaluation and training columns: {RETURN}, "
+            "train/episode_return)"
+        )
+
+
+def test_a_metric_that_a_configuration_s_runs_never_log_leaves_its_row_out(tmp_path, capsys):
+    """Particle-world runs that evaluate but have no win rate will never have one: left out as
+    not logging it (they were kept as a row of no seeds "without values yet"), as plot does."""
+    _fake_run(tmp_path, 1, [(1000, -200.0)])
+    smac = _fake_run(tmp_path, 1, [(1000, 0.5)], preset="smac/3m_fast")
+    text = (smac / "metrics.csv").read_text().replace(RETURN, "eval/eval_battle_won")
+    (smac / "metrics.csv").write_text(text)
+    for argv in (["report"], ["plot", "--out", str(tmp_path / "c.png")]):
+        assert main([*argv, str(tmp_path), "--metric", "eval/eval_battle_won"]) == 0
+        out, err = capsys.readouterr()
+        assert "simple_spread" not in out and "values yet" not in err
+        assert (
+            "mappo: warning: 'mpe/simple_spread_fast rmappo' does not log 'eval/eval_battle_won'; "
+            "left out"
+        ) in err
+
+
+def test_plot_without_a_metric_draws_each_task_s_default(tmp_path, capsys):
+    """A StarCraft-style task's win rate and a particle world's return in one plot: each panel
+    draws its task's default metric (one metric for all drew only the StarCraft panel)."""
+    _fake_run(tmp_path, 1, [(1000, -200.0), (2000, -150.0)])
+    smac = _fake_run(tmp_path, 1, [(1000, 0.25), (2000, 0.5)], preset="smac/3m_fast")
+    text = (smac / "metrics.csv").read_text().replace(RETURN, "eval/eval_battle_won")
+    (smac / "metrics.csv").write_text(text)
+    fig = plot_curves(group_runs(find_runs([tmp_path])))
+    assert [(ax.get_title(), ax.get_ylabel(), len(ax.lines)) for ax in fig.axes] == [
+        ("mpe/simple_spread", RETURN, 1),
+        ("smac/3m", "eval/eval_battle_won", 1),
+    ]
+    assert main(["plot", str(tmp_path), "--out", str(tmp_path / "c.png")]) == 0
+    out, err = capsys.readouterr()
+    assert out == (
+        f"wrote {tmp_path / 'c.png'}: 2 configurations, metrics {RETURN} (mpe/simple_spread), "
+        "eval/eval_battle_won (smac/3m) against env_steps\n"
+    )
+    assert "does not log" not in err
+
+
+def test_a_target_over_configurations_of_different_metrics_is_refused(tmp_path, capsys):
+    """A level is one metric's: over a win rate and a return (each configuration's default)
+    it was applied to both. The table of such rows names each row's metric."""
+    _fake_run(tmp_path, 1, [(1000, -200.0), (2000, -150.0)])
+    smac = _fake_run(tmp_path, 1, [(1000, 0.25), (2000, 0.5)], preset="smac/3m_fast")
+    text = (smac / "metrics.csv").read_text().replace(RETURN, "eval/eval_battle_won")
+    (smac / "metrics.csv").write_text(text)
+    assert main(["report", str(tmp_path), "--target", "0.5"]) == 2
+    assert capsys.readouterr().err == (
+        "mappo: error: --target is a level of one metric, but the configurations report "
+        f"eval/eval_battle_won and {RETURN}; pass --metric\n"
+    )
+    assert main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| configuration | metric | seeds |" in out
+    assert "| smac/3m_fast mappo | eval/eval_battle_won | 1 |" in out
+    argv = ["report", str(tmp_path), "--metric", "eval/eval_battle_won", "--target", "0.5"]
+    assert main(argv) == 0
+    assert "| smac/3m_fast mappo | 1 | 1 / 1 | 2k |" in capsys.readouterr().out
+
+
+def test_values_that_are_not_finite_are_left_out_with_a_warning(tmp_path):
+    """A damaged or foreign metrics.csv with nan or inf evaluations: they are left out (the
+    final value is then an earlier evaluation), as before, but no longer silently."""
+    d = _fake_run(tmp_path, 1, [(1000, -200.0), (2000, -150.0), (3000, -140.0)])
+    text = (d / "metrics.csv").read_text()
+    (d / "metrics.csv").write_text(text.replace(",-150.0\n", ",inf\n").replace(",-140.0", ",nan"))
+    with pytest.warns(UserWarning) as caught:
+        (row,) = report_rows(group_runs(find_runs([tmp_path])), RETURN)
+    assert row.final_mean == -200.0
+    assert [str(w.message) for w in caught] == [
+        f"'{d}' has 2 NaN or infinite values of '{RETURN}' (of 3); left out, so its final value "
+        "is its last finite one"
+    ]

@@ -726,3 +726,38 @@ def test_a_spec_s_preset_files_are_read_beside_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # not the spec's folder
     spec = S.load_spec(str(spec_path), tmp_path / "sw")
     assert spec.trials[0].preset == str((tmp_path / "proj" / "exp.yaml").resolve())
+
+
+def test_a_sweep_of_two_tasks_plots_each_task_s_default_metric(tmp_path, monkeypatch):
+    """A spec of a StarCraft-style preset and a particle world without ``metric:``: its
+    curves.png has a win-rate panel and a return panel (one metric for all left one out), as
+    its report.md gives each configuration its own."""
+    from mappo.experiments import plot
+
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text("presets: [mpe/simple_spread_fast, smac/3m_fast]\nseeds: [1]\n")
+    spec = S.load_spec(str(spec_path), tmp_path / "sw")
+    metrics = ("eval/eval_return_mean", "eval/eval_battle_won")
+    for trial, metric in zip(spec.trials, metrics, strict=True):
+        d = Path(trial.dir)
+        d.mkdir(parents=True)
+        cfg = C.load(trial.preset, {**trial.overrides, "total_env_steps": 2000})
+        (d / "config.yaml").write_text(yaml.safe_dump(C.to_dict(cfg), sort_keys=False))
+        (d / "metrics.csv").write_text(f"env_steps,iteration,{metric}\n1000,1,0.1\n2000,2,0.2\n")
+        (d / "summary.json").write_text(json.dumps({"env_steps": 2000}))
+    figures = []
+    draw = plot.plot_curves
+
+    def keep(*args, **kwargs):  # (write_outputs closes the figure it draws)
+        figures.append(draw(*args, **kwargs))
+        return figures[-1]
+
+    monkeypatch.setattr(plot, "plot_curves", keep)
+    report = S.write_outputs(spec)
+    assert report is not None and "| smac/3m_fast mappo | eval/eval_battle_won | 1 |" in report
+    (fig,) = figures
+    assert [(ax.get_title(), ax.get_ylabel()) for ax in fig.axes] == [
+        ("mpe/simple_spread", "eval/eval_return_mean"),
+        ("smac/3m", "eval/eval_battle_won"),
+    ]
+    assert (tmp_path / "sw" / "curves.png").is_file()

@@ -599,12 +599,19 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from mappo.experiments.runs import default_metric
 
     configs, runs = _results(args)
-    metric = args.metric or default_metric(runs)
-    fig = plot_curves(configs, metric, args.x, out=args.out, title=args.title)
+    fig = plot_curves(configs, args.metric, args.x, out=args.out, title=args.title)
     # (configurations that do not log the metric were left out, with a warning)
     drawn = sum(len(ax.get_legend_handles_labels()[1]) for ax in fig.axes)
     plural = "s" if drawn != 1 else ""
-    print(f"wrote {args.out}: {drawn} configuration{plural}, metric {metric} against {args.x}")
+    tasks: dict[str, list[str]] = {}  # metric -> its panels (each task's default metric)
+    for ax in fig.axes:
+        if ax.get_ylabel():
+            tasks.setdefault(ax.get_ylabel(), []).append(ax.get_title())
+    if len(tasks) > 1:
+        what = "metrics " + ", ".join(f"{m} ({', '.join(t)})" for m, t in tasks.items())
+    else:
+        what = f"metric {next(iter(tasks), args.metric or default_metric(runs))}"
+    print(f"wrote {args.out}: {drawn} configuration{plural}, {what} against {args.x}")
     return 0
 
 
@@ -795,8 +802,8 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("dirs", nargs="+", help="run directories or folders holding them")
         q.add_argument(
             "--metric",
-            help="metrics.csv column (default: eval/eval_battle_won if logged, else "
-            "eval/eval_return_mean)",
+            help="metrics.csv column, or its summary.json name (eval_return_mean) (default: "
+            "eval/eval_battle_won if logged, else eval/eval_return_mean)",
         )
         if name == "plot":
             q.add_argument("--out", type=Path, required=True, help="figure file (.png/.pdf/.svg)")

@@ -9,7 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from mappo.experiments.runs import Configuration, ResultsError, check_metric, with_values
+from mappo.experiments.runs import (
+    Configuration,
+    ResultsError,
+    RunRecord,
+    check_metric,
+    default_metric,
+    never_logs,
+    with_values,
+)
 from mappo.experiments.stats import bootstrap_curves
 
 X_AXES = {"env_steps": "env steps", "wall_seconds": "wall time (s)"}
@@ -50,27 +58,38 @@ def _pyplot() -> Any:
 
 def plot_curves(
     configs: list[Configuration],
-    metric: str,
+    metric: str | None = None,
     x: str = "env_steps",
     out: str | Path | None = None,
     title: str | None = None,
 ) -> Any:
     """A figure with one line and one band per configuration, one panel per task (a sweep of
     several scenarios has returns on different scales: Spread's -110 would flatten Comm's -12);
-    saved to ``out`` when given (the format follows its suffix: .png, .pdf, .svg). Returns the
-    matplotlib Figure; its axes follow the tasks in the order of ``configs``."""
+    saved to ``out`` when given (the format follows its suffix: .png, .pdf, .svg). Without a
+    ``metric`` each panel draws its task's default (:func:`default_metric`: the win rate where
+    its runs log one, else the greedy return), as a report does per configuration. Returns the
+    matplotlib Figure; its axes follow the tasks in the order of ``configs``, each with its
+    metric as its y label."""
     if x not in X_AXES:
         raise ResultsError(f"--x must be one of {list(X_AXES)}, got {x!r}")
-    check_metric([r for c in configs for r in c.runs], metric)
+    every = [r for c in configs for r in c.runs]
+    if metric is not None:
+        metric = check_metric(every, metric)
+    else:  # (runs of which none has evaluated are one error, not a warning per configuration)
+        check_metric(every, default_metric(every))
+    tasks: dict[str, list[RunRecord]] = {}
+    for conf in configs:
+        tasks.setdefault(conf.task, []).extend(conf.runs)
+    names = {task: metric or default_metric(runs) for task, runs in tasks.items()}
     panels: dict[str, list[tuple[Configuration, tuple[np.ndarray, ...]]]] = {}
     for conf in configs:
-        if not any(metric in r.columns for r in conf.runs):
-            warnings.warn(f"'{conf.label}' does not log '{metric}'; left out", stacklevel=2)
+        name = names[conf.task]
+        if never_logs(conf.runs, name):
+            warnings.warn(f"'{conf.label}' does not log '{name}'; left out", stacklevel=2)
             continue
         try:
-            series = aggregate(conf, metric, x)
-        except ResultsError as err:  # no seed of it has evaluated yet
-            warnings.warn(f"{err}; left out", stacklevel=2)
+            series = aggregate(conf, name, x)
+        except ResultsError:  # no seed of it has evaluated yet (with_values warned of them)
             continue
         panels.setdefault(conf.task, []).append((conf, series))
     plt = _pyplot()
@@ -95,7 +114,7 @@ def plot_curves(
             else:
                 ax.fill_between(grid, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_xlabel(X_AXES[x])
-        ax.set_ylabel(metric)
+        ax.set_ylabel(names[task])
         ax.set_title(task if n > 1 else (title or task))
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")

@@ -1,14 +1,14 @@
 """Report tables over run directories: one row per configuration, statistics over its seeds.
 
-Per configuration: the number of seeds, env steps and wall time (means over seeds), the final and
-the best greedy evaluation (means over seeds), and the interquartile mean of the final
-evaluations with a 95% percentile-bootstrap interval over seeds (:mod:`mappo.experiments.stats`),
-beside the MAPPO paper's figure where the preset is one of the paper's settings; with a target
-(``mappo report --target -120``), how many seeds reached it and when, in env steps and in wall
-time (compilation included), judged by the mean of the last few evaluations so that one lucky
-evaluation does not decide. Written as
-Markdown, CSV or JSON, and exported in the JSON layout of marl-eval (Gorsane et al. 2022), which
-BenchMARL and Mava read.
+Per configuration: the number of seeds and how many of them trained their whole budget (the
+others failed, diverged or stopped early, with a warning), env steps and wall time (means over
+seeds), the final and the best greedy evaluation (means over seeds), and the interquartile mean
+of the final evaluations with a 95% percentile-bootstrap interval over seeds
+(:mod:`mappo.experiments.stats`), beside the MAPPO paper's figure where the preset is one of the
+paper's settings; with a target (``mappo report --target -120``), how many seeds reached it and
+when, in env steps and in wall time (compilation included), judged by the mean of the last few
+evaluations so that one lucky evaluation does not decide. Written as Markdown, CSV or JSON, and
+exported in the JSON layout of marl-eval (Gorsane et al. 2022), which BenchMARL and Mava read.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from mappo.experiments.runs import (
     check_metric,
     default_metric,
     full_config,
+    never_logs,
     not_evaluated,
     setting_items,
     with_values,
@@ -60,6 +61,13 @@ class ReportRow:
     algo: str
     metric: str
     seeds: int
+    complete: int
+    """Seeds that trained their whole budget (:attr:`RunRecord.complete`); the others' figures
+    are from where they stopped."""
+    failed: int
+    """Seeds whose folder holds a sweep's ``error.txt`` (``diverged`` included)."""
+    diverged: int
+    """Seeds that failed with ``TrainingDiverged``."""
     env_steps: float
     wall_seconds: float
     final_mean: float
@@ -130,14 +138,20 @@ def report_rows(
     if window < 1:
         raise ResultsError(f"--window must be at least 1 evaluation, not {window}")
     if metric is not None:
-        check_metric([r for c in configs for r in c.runs], metric)
+        metric = check_metric([r for c in configs for r in c.runs], metric)
+    elif target is not None:
+        defaults = sorted({default_metric(c.runs) for c in configs})
+        if len(defaults) > 1:  # (a level of -120 is a return's; every win rate would miss it)
+            raise ResultsError(
+                f"--target is a level of one metric, but the configurations report "
+                f"{' and '.join(defaults)}; pass --metric"
+            )
     rows = []
     for conf in configs:
         name = metric or default_metric(conf.runs)
-        logged = any(name in r.columns for r in conf.runs)
-        if metric is not None and not metric.startswith("eval/") and not logged:
-            # Another kind of run (a row of no seeds would say nothing). An evaluation's column
-            # appears with the first evaluation: runs without it may be early, and keep a row.
+        if never_logs(conf.runs, name):
+            # Another kind of run (a row of no seeds would say nothing); runs that have not
+            # evaluated yet keep a row of no seeds.
             warnings.warn(f"'{conf.label}' does not log '{name}'; left out", stacklevel=2)
             continue
         runs = with_values(conf, name)
@@ -150,8 +164,19 @@ def report_rows(
             hit = None if target is None else _reach(run, name, target, window)
             if hit is not None:
                 reached.append(hit)
-        if len(set(ends)) > 1:
-            # A stopped seed's last evaluation is an earlier one (a plot cuts to the shared range).
+        complete = sum(run.complete for run in runs)
+        if complete < len(runs):
+            warnings.warn(
+                f"'{conf.label}': {len(runs) - complete} of {len(runs)} seeds are incomplete "
+                f"({_shortfall(runs)}); the row's figures are from where they stopped",
+                stacklevel=2,
+            )
+        elif ends and max(ends) - min(ends) > max(run.iteration_steps for run in runs):
+            # Complete seeds of different budgets (total_env_steps is bookkeeping): the earlier
+            # ones' last evaluation is an earlier one (a plot cuts to the shared range). Seeds of
+            # one budget end less than one iteration apart, not on one step: a run stops at the
+            # first iteration that reaches its budget, and evaluates there, and the value
+            # family's iterations are whole episodes, whose lengths vary from seed to seed.
             warnings.warn(
                 f"the seeds of '{conf.label}' last evaluated '{name}' at different env steps "
                 f"({min(ends):,} to {max(ends):,}); their final values are averaged as they are",
@@ -169,6 +194,9 @@ def report_rows(
                 algo=conf.runs[0].algo,
                 metric=name,
                 seeds=len(runs),
+                complete=complete,
+                failed=sum(run.failed for run in runs),
+                diverged=sum(run.diverged for run in runs),
                 env_steps=_mean([run.final("env_steps") for run in runs]),
                 wall_seconds=_mean([run.final("wall_seconds") for run in runs]),
                 final_mean=_mean(finals),
@@ -189,6 +217,25 @@ def report_rows(
     if rows and not any(row.seeds for row in rows):
         raise not_evaluated(metric or default_metric([r for c in configs for r in c.runs]))
     return rows
+
+
+def _failures(failed: int, diverged: int) -> str:
+    """``2 diverged, 1 failed`` (empty when both are zero)."""
+    parts = [f"{diverged} diverged"] if diverged else []
+    return ", ".join(parts + ([f"{failed - diverged} failed"] if failed > diverged else []))
+
+
+def _shortfall(runs: list[RunRecord]) -> str:
+    """Why ``runs`` are not complete, in words: the failures, then the seeds that stopped."""
+    failed = [run for run in runs if run.failed]
+    short = sum(not run.complete and not run.failed for run in runs)
+    parts = []
+    if failed:
+        text = _failures(len(failed), sum(run.diverged for run in failed))
+        parts.append(f"{text}: see error.txt in their folders")
+    if short:
+        parts.append(f"{short} stopped before total_env_steps or still training")
+    return "; ".join(parts)
 
 
 def _median(values: list[float]) -> float:
@@ -233,7 +280,8 @@ def format_markdown(rows: list[ReportRow]) -> str:
     """A Markdown table with the metric named above it."""
     metrics = sorted({r.metric for r in rows})
     targeted = [r for r in rows if math.isfinite(r.target)]
-    names = ["configuration", "seeds", "env steps", "wall", "final (mean)", "best (mean)"]
+    names = ["configuration"] + ["metric"] * (len(metrics) > 1)  # (each task's default)
+    names += ["seeds", "complete", "env steps", "wall", "final (mean)", "best (mean)"]
     names += ["final IQM [95% CI]"]
     if targeted:
         t = targeted[0]
@@ -247,9 +295,11 @@ def format_markdown(rows: list[ReportRow]) -> str:
     lines = []
     for r in rows:
         paper = f"{r.paper} ({r.paper_source})" if r.paper else ""
-        cells = [
-            r.configuration,
+        cells = [r.configuration] + [r.metric] * (len(metrics) > 1)
+        cells += [
             str(r.seeds),
+            f"{r.complete} / {r.seeds}"
+            + (f" ({_failures(r.failed, r.diverged)})" if r.failed else ""),
             _steps(r.env_steps),
             f"{_num(r.wall_seconds, 0)} s",
             _num(r.final_mean),
@@ -300,6 +350,8 @@ def marl_eval(configs: list[Configuration], metric: str | None = None) -> dict[s
     not its episodes, so every list holds that one mean; the metric is ``win_rate`` for battle
     wins and ``return`` otherwise. ``absolute_metrics`` is the final evaluation.
     """
+    if metric is not None:
+        metric = check_metric([r for c in configs for r in c.runs], metric)
     out: dict[str, Any] = {}
     for conf in configs:
         column = metric or default_metric(conf.runs)

@@ -9,6 +9,7 @@ keys that do not change what is learned (threads, device, logging, the budget...
 from __future__ import annotations
 
 import csv
+import difflib
 import io
 import json
 import math
@@ -85,6 +86,35 @@ class RunRecord:
     summary: dict[str, Any] | None = None
     algo: str = ""
     """The algorithm label (``rmappo``, ``qmix``...) as the run directory names it."""
+    nonfinite: dict[str, int] = field(default_factory=dict)
+    """Per column, its values written as NaN, inf or text: read as NaN, they are left out as
+    rows without a value are, and named in a warning (:func:`with_values`)."""
+    error: str = ""
+    """The last line of the folder's ``error.txt`` (the exception of a sweep trial that
+    failed), empty without one."""
+
+    @property
+    def complete(self) -> bool:
+        """Whether the run trained its budget: its ``summary.json`` (written at a run's end)
+        counts at least ``total_env_steps``. Its figures are then at that budget, not where
+        the run stopped."""
+        try:
+            steps = int((self.summary or {})["env_steps"])
+            budget = int(self.config.get("total_env_steps") or 0)
+        except (KeyError, TypeError, ValueError):
+            return False
+        return steps >= budget
+
+    @property
+    def failed(self) -> bool:
+        """Whether the run stopped on an error (an ``error.txt``, which a sweep writes; one left
+        from before a run resumed outside the sweep and completed does not count)."""
+        return bool(self.error) and not self.complete
+
+    @property
+    def diverged(self) -> bool:
+        """Whether the run failed with :class:`mappo.trainer.TrainingDiverged`."""
+        return self.failed and "TrainingDiverged" in self.error
 
     @property
     def seed(self) -> int:
@@ -98,6 +128,22 @@ class RunRecord:
     def source(self) -> str:
         """The preset the run came from, or its env name for a YAML file's config."""
         return str(self.config.get("preset") or self.task)
+
+    @property
+    def iteration_steps(self) -> float:
+        """The env steps of one of the run's iterations, as its rows tell: the largest mean over
+        the iterations between two logged rows (0 without an ``iteration`` column). A MAPPO
+        iteration is a fixed rollout; the value family's are whole episodes, which vary."""
+        iterations = self.columns.get("iteration")
+        if iterations is None:
+            return 0.0
+        steps = self.columns["env_steps"]
+        keep = np.isfinite(steps) & np.isfinite(iterations)
+        # (``iteration`` counts the iterations done, so a row at zero of both starts the run)
+        d_steps = np.diff(steps[keep], prepend=0.0)
+        d_iterations = np.diff(iterations[keep], prepend=0.0)
+        per = d_steps[d_iterations > 0] / d_iterations[d_iterations > 0]
+        return float(per.max()) if per.size else 0.0
 
     def curve(self, metric: str, x: str = "env_steps") -> tuple[np.ndarray, np.ndarray]:
         """``(x, y)`` at the rows where ``metric`` was logged; both ``[k]``."""
@@ -159,7 +205,13 @@ def read_run(path: Path) -> RunRecord:
             "damaged header, or not a metrics file of mappo; restore its first line"
         )
     flat = full_config(data)
-    columns = {name: np.array([_float(r.get(name) or "") for r in rows]) for name in names}
+    columns, nonfinite = {}, {}
+    for name in names:
+        texts = [r.get(name) or "" for r in rows]
+        columns[name] = np.array([_float(t) for t in texts])
+        written = sum(1 for t in texts if t.strip())
+        if written > np.isfinite(columns[name]).sum():
+            nonfinite[name] = int(written - np.isfinite(columns[name]).sum())
     summary = None
     if (path / "summary.json").is_file():
         try:
@@ -170,7 +222,16 @@ def read_run(path: Path) -> RunRecord:
         algo = config_mod.from_dict(data).algo_name
     except (ValueError, TypeError):  # a config written by another version: its raw label
         algo = str(flat.get("name") or flat.get("algo.name", "?"))
-    return RunRecord(path, flat, columns, summary, algo)
+    return RunRecord(path, flat, columns, summary, algo, nonfinite, _error_line(path))
+
+
+def _error_line(path: Path) -> str:
+    """The last non-blank line of ``path/error.txt`` (its exception), empty without one."""
+    try:
+        lines = (path / "error.txt").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((line.strip() for line in reversed(lines) if line.strip()), "error.txt")
 
 
 def last_logged_step(path: Path) -> int | None:
@@ -278,17 +339,28 @@ def _one_run_per_seed(conf: Configuration) -> list[RunRecord]:
     return sorted(kept.values(), key=lambda r: r.seed)
 
 
-def check_metric(runs: list[RunRecord], metric: str) -> None:
-    """Refuse a metric that no run logs, naming the columns they have."""
-    if not any(metric in r.columns for r in runs):
-        if metric.startswith("eval/") and not any(
-            c.startswith("eval/") for r in runs for c in r.columns
-        ):
-            raise not_evaluated(metric)
-        columns = sorted({c for r in runs for c in r.columns})
-        raise ResultsError(
-            f"no run logs the column '{metric}'; the runs have: {', '.join(columns)}"
-        )
+def check_metric(runs: list[RunRecord], metric: str) -> str:
+    """``metric`` as the column the runs log it in: a name as ``mappo train`` prints it and
+    ``summary.json`` holds it (``eval_return_mean``, ``train_episode_return``) reads as its
+    column (``eval/eval_return_mean``, ``train/episode_return``). A metric that no run logs is
+    refused, with the nearest column and the evaluation and training columns (metrics.csv has
+    some thirty)."""
+    columns = sorted({c for r in runs for c in r.columns})
+    if metric in columns:
+        return metric
+    if "/" not in metric:  # (summary.json's eval_x is eval/eval_x, its train_x train/x)
+        for column in (f"eval/{metric}", metric.replace("_", "/", 1)):
+            if column in columns:
+                return column
+    if metric.startswith("eval/") and not any(c.startswith("eval/") for c in columns):
+        raise not_evaluated(metric)
+    close = difflib.get_close_matches(metric, columns, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    listed = [c for c in columns if c.startswith(("eval/", "train/"))] or columns
+    raise ResultsError(
+        f"no run logs the column '{metric}'{hint} (the runs' evaluation and training columns: "
+        f"{', '.join(listed)})"
+    )
 
 
 def not_evaluated(metric: str) -> ResultsError:
@@ -303,7 +375,17 @@ def not_evaluated(metric: str) -> ResultsError:
 
 def with_values(conf: Configuration, metric: str, x: str = "env_steps") -> list[RunRecord]:
     """The runs of ``conf`` with at least one value of ``metric``; the others (stopped before
-    their first evaluation, or of a task that does not log it) are left out with a warning."""
+    their first evaluation, or of a task that does not log it) are left out with a warning, as
+    is each run with values that are not finite numbers."""
+    for run in conf.runs:
+        bad = run.nonfinite.get(metric, 0)
+        if bad:  # (a damaged or foreign metrics.csv: mappo stops a diverged run before)
+            logged = bad + int(np.isfinite(run.columns[metric]).sum())
+            warnings.warn(
+                f"'{run.dir}' has {bad} NaN or infinite value{'s' if bad > 1 else ''} of "
+                f"'{metric}' (of {logged}); left out, so its final value is its last finite one",
+                stacklevel=2,
+            )
     kept = [r for r in conf.runs if metric in r.columns and r.curve(metric, x)[0].size]
     if len(kept) < len(conf.runs):
         warnings.warn(
@@ -312,6 +394,18 @@ def with_values(conf: Configuration, metric: str, x: str = "env_steps") -> list[
             stacklevel=2,
         )
     return kept
+
+
+def never_logs(runs: list[RunRecord], metric: str) -> bool:
+    """Whether ``runs`` (a configuration's) do not log ``metric``: none has its column, though
+    they already have columns of its kind. An evaluation's columns appear together with a run's
+    first evaluation, so runs that have other ``eval/`` columns but not this one will never log
+    it (a particle world's runs and a win rate), while runs without any may only be early."""
+    if any(metric in r.columns for r in runs):
+        return False
+    return not metric.startswith("eval/") or any(
+        c.startswith("eval/") for r in runs for c in r.columns
+    )
 
 
 def default_metric(runs: list[RunRecord]) -> str:

@@ -790,8 +790,8 @@ def write_outputs(spec: SweepSpec, stream: TextIO | None = None) -> str | None:
             stream.write("(no curves.png: pip install 'mappo[plot]' for plots)\n")
         return text
     try:
-        metric = spec.metric or runs_mod.default_metric(runs)
-        plt.close(plot_curves(configs, metric, out=root / "curves.png", title=spec.name))
+        figure = plot_curves(configs, spec.metric or None, out=root / "curves.png", title=spec.name)
+        plt.close(figure)
     except runs_mod.ResultsError as err:
         warnings.warn(f"no curves.png for sweep '{spec.name}': {err}", stacklevel=2)
     return text
