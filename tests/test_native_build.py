@@ -102,3 +102,31 @@ def test_a_refusal_expires_and_a_killed_compiler_is_not_remembered(monkeypatch, 
     with pytest.raises(RuntimeError, match="failed"):  # killed, not refused: not remembered
         native_build.build(source, "t", ())
     assert _calls(log) == 4
+
+
+def test_a_mac_without_xcode_tools_is_not_asked_to_compile(monkeypatch, tmp_path):
+    # There /usr/bin/cc is a stub that fails and opens an installer dialog in every process
+    # that runs it; `xcode-select -p` says quietly that the tools are missing.
+    import subprocess
+
+    ran = []
+
+    def fake_run(argv, **kwargs):
+        ran.append(argv[0])
+        return subprocess.CompletedProcess(argv, 2 if argv[0] == "xcode-select" else 0, "", "")
+
+    monkeypatch.setattr(native_build.sys, "platform", "darwin")
+    monkeypatch.setattr(native_build.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(native_build.subprocess, "run", fake_run)
+    monkeypatch.delenv("CC", raising=False)
+    native_build._no_xcode_tools.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="xcode-select --install"):
+            native_build.compiler_command()
+        with pytest.raises(RuntimeError, match="Xcode's command-line tools are not installed"):
+            native_build.build(tmp_path / "x.c", "x", ())
+        assert ran == ["xcode-select"]  # asked once, cc never run
+        monkeypatch.setattr(native_build.shutil, "which", lambda name: f"/opt/llvm/bin/{name}")
+        assert native_build.compiler_command() == ["cc"]  # a compiler of the user's own
+    finally:
+        native_build._no_xcode_tools.cache_clear()

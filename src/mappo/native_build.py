@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 
@@ -56,6 +57,51 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork)
 
 
+_noted: set[str] = set()
+
+
+def note_fallback(what: str, why: str, cost: str) -> None:
+    """Warn, once per process for each ``what``, that C code could not be built here and the
+    slower torch code runs instead (``cost``): without a C compiler (Windows, a Mac without
+    Xcode's tools) the fallback is otherwise silent."""
+    if what in _noted:
+        return
+    _noted.add(what)
+    warnings.warn(
+        f"{what} could not be built ({why}); {cost}. A C compiler (cc, or one named by $CC) "
+        "enables it",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def compiler_command() -> list[str]:
+    """The C compiler's command (``$CC``, else ``cc``); raises ``RuntimeError`` where there is
+    none to run. On a Mac without Xcode's command-line tools ``/usr/bin/cc`` is a stub that
+    fails and opens an installer dialog; it is not run there."""
+    command = shlex.split(os.environ.get("CC", "cc")) or ["cc"]  # e.g. CC="ccache gcc"
+    found = shutil.which(command[0])
+    if found is None:
+        raise RuntimeError(f"no C compiler found ({command[0]!r}; set $CC to one)")
+    if sys.platform == "darwin" and Path(found).parent == Path("/usr/bin") and _no_xcode_tools():
+        raise RuntimeError(
+            "no C compiler found (Xcode's command-line tools are not installed: run "
+            "`xcode-select --install`, or set $CC to a compiler)"
+        )
+    return command
+
+
+@functools.cache
+def _no_xcode_tools() -> bool:
+    """Whether macOS lacks the command-line tools behind ``/usr/bin/cc`` (``xcode-select -p``
+    says where they are, quietly, and fails without them)."""
+    try:
+        done = subprocess.run(["xcode-select", "-p"], capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return True
+    return done.returncode != 0
+
+
 @functools.cache
 def native_target() -> str:
     """What ``-march=native`` means to the C compiler here (its predefined macros, which name
@@ -63,9 +109,7 @@ def native_target() -> str:
     differ get libraries of their own even where they share a cache (and even where a
     virtualised ``/proc/cpuinfo`` looks the same). Raises ``RuntimeError`` where the compiler
     cannot say."""
-    command = shlex.split(os.environ.get("CC", "cc")) or ["cc"]
-    if shutil.which(command[0]) is None:
-        raise RuntimeError(f"no C compiler found ({command[0]!r}; set $CC to one)")
+    command = compiler_command()
     done = subprocess.run(
         [*command, "-march=native", "-E", "-dM", "-x", "c", os.devnull],
         capture_output=True,
@@ -83,9 +127,7 @@ def build(
     """The path of ``source`` compiled with ``flags`` (a library named ``stem-<hash>.so``),
     compiling it first if no cached copy exists (or always, with ``rebuild``); ``key`` is
     anything else the build depends on. Raises ``RuntimeError`` naming what failed."""
-    command = shlex.split(os.environ.get("CC", "cc")) or ["cc"]  # e.g. CC="ccache gcc"
-    if shutil.which(command[0]) is None:
-        raise RuntimeError(f"no C compiler found ({command[0]!r}; set $CC to one)")
+    command = compiler_command()
     text = source.read_bytes()
     # the machine too: a home shared between x86-64 and ARM hosts keeps one library per kind
     parts = (*command, *flags, sys.platform, platform.machine(), *([key] if key else []))

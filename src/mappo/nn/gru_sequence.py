@@ -79,6 +79,11 @@ def native_library(dtype: torch.dtype) -> ctypes.CDLL | None:
             lib, why = native_build.load_first(_SOURCE, "gru", candidates)
             if lib is None:
                 _reason = why
+                native_build.note_fallback(
+                    "the GRU's C loops",
+                    why,
+                    "recurrent networks on the CPU train with torch's loops, about half as fast",
+                )
             else:
                 i64, p = ctypes.c_int64, ctypes.c_void_p
                 c_int = ctypes.c_int

@@ -786,6 +786,12 @@ def _native_backend(rules: HanabiRules, device: torch.device, backend: str):
         if lib is not None:
             return native.NativeGames(lib, rules)
         why = f"it could not be built: {native.unavailable_reason()}"
+        if backend != "native":
+            native.native_build.note_fallback(
+                "Hanabi's C step",
+                str(native.unavailable_reason()),
+                "the games step in torch, several times slower",
+            )
     if backend == "native":
         raise ValueError(f"backend='native' is not available: {why}; use backend='torch'")
     return None
