@@ -398,6 +398,8 @@ def test_compile_setting_is_checked_and_read_from_yaml(tmp_path):
     with pytest.raises(ConfigError, match="covers algo.name=mappo only"):
         config_mod.load("mpe/simple_spread_qmix", ["compile=on"])
     assert config_mod.load("mpe/simple_spread_qmix", ["compile=auto"]).compile == "auto"
+    with pytest.raises(ConfigError, match="not on mps; set compile=off"):
+        config_mod.load("mpe/simple_spread", ["compile=on", "device=mps"])
 
 
 @pytest.mark.parametrize(

@@ -189,3 +189,16 @@ def test_popart_rejects_mismatched_head() -> None:
         popart.update(torch.zeros(8, 4, 1), weight, None)
     with pytest.raises(ValueError, match="bias of shape"):
         popart.update(torch.zeros(8, 4, 1), None, bias)
+
+
+def test_running_moments_are_float64_where_the_device_has_it():
+    # Apple's MPS has no float64: the value family's reward standardiser was built there in
+    # float64 and failed as it moved to the device.
+    from mappo.nn.normalizers import RunningMeanStd, moment_dtype
+
+    assert moment_dtype(torch.device("cpu")) == torch.float64
+    assert moment_dtype(torch.device("cuda")) == torch.float64
+    assert moment_dtype(torch.device("mps")) == torch.float32
+    norm = RunningMeanStd(device="cpu")
+    norm.update(torch.tensor([1.0, 3.0]))
+    assert norm.mean.dtype == torch.float64 and float(norm.mean) == pytest.approx(2.0, rel=1e-4)

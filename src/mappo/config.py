@@ -324,7 +324,11 @@ class TrainConfig:
         low=1,
         high=1024,
     )
-    device: str = _field("cpu", "Torch device: 'cpu', 'cuda' or 'cuda:N'.")
+    device: str = _field(
+        "cpu",
+        "Torch device: 'cpu', 'cuda' or 'cuda:N'; 'mps' (Apple GPUs) is accepted but untested "
+        "(compile=on is CPU and CUDA only).",
+    )
     threads: int = _field(
         0,
         "Torch CPU threads; 0 = as many as cores other processes leave free, re-measured "
@@ -753,6 +757,11 @@ def check(cfg: TrainConfig, saved: bool = False) -> None:
         raise ConfigError(
             f"config field 'compile' is 'on' but the compiled path covers algo.name=mappo only, "
             f"not {cfg.algo.name!r}; set compile=off (auto leaves {cfg.algo.name} eager)"
+        )
+    if cfg.compile == "on" and cfg.device == "mps":
+        raise ConfigError(
+            "config field 'compile' is 'on' but the compiled path runs on the CPU and on CUDA "
+            "devices, not on mps; set compile=off (auto leaves an mps run eager)"
         )
     if not saved:  # reading a saved run (eval, reports, a resume's checkpoint) needs no wandb
         check_logging(cfg)

@@ -42,7 +42,7 @@ class ValueLearner:
         self.target = copy.deepcopy(self.policy).requires_grad_(False)
         self.optim = make_optimizer(list(self.policy.parameters()), self.algo)
         self.reward_norm = (
-            RunningMeanStd().to(self.device) if self.algo.standardise_rewards else None
+            RunningMeanStd(device=self.device) if self.algo.standardise_rewards else None
         )
         self.act_gen = generator(self.device, cfg.seed + 1)
         self.sample_gen = generator(torch.device("cpu"), cfg.seed + 2)

@@ -159,27 +159,36 @@ class PopArt(ValueNorm):
             bias.mul_(old_std).add_(old_mean - new_mean).div_(new_std)
 
 
+def moment_dtype(device: torch.device) -> torch.dtype:
+    """float64 for running moments, or float32 on a device without float64 (Apple's MPS)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
 class RunningMeanStd(nn.Module):
     """Mean and variance of every value seen so far (Chan et al.'s parallel update of the
     moments, one batch at a time), as EPyMARL standardises rewards: ``(x - mean) / std``.
 
-    The moments are float64 buffers, so they are saved in ``state_dict`` and follow ``.to()``.
+    The moments are buffers, so they are saved in ``state_dict`` and follow ``.to()``; float64
+    on ``device``, or float32 where the device has no float64 (Apple's MPS), so that the module
+    can be moved there.
     """
 
     mean: Tensor
     var: Tensor
     count: Tensor
 
-    def __init__(self, epsilon: float = 1e-4) -> None:
+    def __init__(self, epsilon: float = 1e-4, device: torch.device | str = "cpu") -> None:
         super().__init__()
-        self.register_buffer("mean", torch.zeros((), dtype=torch.float64))
-        self.register_buffer("var", torch.ones((), dtype=torch.float64))
+        device = torch.device(device)
+        wide = moment_dtype(device)
+        self.register_buffer("mean", torch.zeros((), dtype=wide, device=device))
+        self.register_buffer("var", torch.ones((), dtype=wide, device=device))
         # A small prior count keeps the first standardisation finite, as EPyMARL's does.
-        self.register_buffer("count", torch.tensor(epsilon, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(epsilon, dtype=wide, device=device))
 
     def update(self, x: Tensor) -> None:
         """Fold the values ``x`` (any shape, at least one value) into the moments."""
-        x = x.detach().to(torch.float64)
+        x = x.detach().to(self.mean.dtype)
         n = x.numel()
         batch_mean = x.mean()
         batch_var = x.var(unbiased=False)
