@@ -200,3 +200,49 @@ def test_resume_seeds_keeps_wandb_ids(tmp_path, fake_wandb):
     fake_wandb.calls.clear()
     resume_seeds([r.dir for r in runs], {"total_env_steps": 4 * 25 * 6})
     assert [kwargs["id"] for kwargs in _inits(fake_wandb.calls)] == ids
+
+
+def test_a_metrics_file_held_open_elsewhere_gets_its_rows_when_it_can(tmp_path, monkeypatch):
+    # Windows refuses to write a file that another program (a spreadsheet) holds open: the run
+    # went on failing every row; now the rows wait and are written at the next one that can.
+    import csv
+
+    from mappo.logging import MetricsLogger
+
+    logger = MetricsLogger(tmp_path, tensorboard=False, wandb_project=None, config={})
+    logger.log(10, {"loss/x": 1.0})
+    held = {"on": True}
+    real_open, real_replace = Path.open, Path.replace
+
+    def refusing_open(self, mode="r", *args, **kwargs):
+        if held["on"] and self == logger.path and "a" in mode:
+            raise PermissionError(13, "The process cannot access the file")
+        return real_open(self, mode, *args, **kwargs)
+
+    def refusing_replace(self, target):
+        if held["on"] and Path(target) == logger.path:
+            raise PermissionError(13, "The process cannot access the file")
+        return real_replace(self, target)
+
+    monkeypatch.setattr(Path, "open", refusing_open)
+    monkeypatch.setattr(Path, "replace", refusing_replace)
+
+    def steps(path):
+        with real_open(path, newline="", encoding="utf-8") as f:
+            return [int(r["env_steps"]) for r in csv.DictReader(f)]
+
+    with pytest.warns(RuntimeWarning, match="another program may hold it open") as said:
+        logger.log(20, {"loss/x": 2.0})
+        logger.log(30, {"loss/x": 3.0, "loss/y": 0.5})  # (a new column: a rewrite)
+    assert len(said) == 1 and steps(logger.path) == [10]
+    held["on"] = False
+    logger.log(40, {"loss/x": 4.0})
+    assert steps(logger.path) == [10, 20, 30, 40]
+    # Still held when the run ends: the complete rows are left beside it.
+    held["on"] = True
+    with pytest.warns(RuntimeWarning, match="cannot be written now"):
+        logger.log(50, {"loss/x": 5.0, "loss/y": 0.1})
+    with pytest.warns(RuntimeWarning, match="complete rows are in .*metrics.csv.tmp"):
+        logger.close()
+    assert steps(tmp_path / "metrics.csv.tmp") == [10, 20, 30, 40, 50]
+    assert steps(logger.path) == [10, 20, 30, 40]

@@ -148,6 +148,7 @@ class MetricsLogger:
         self.tb = None
         self.wandb = None
         self.wandb_started = False  # (a W&B run now exists for this folder: keep its record)
+        self.behind = False  # (rows not yet in metrics.csv: another program had it locked)
         if wandb_project:
             # First: W&B is what most often fails to start (no login, no network), and a
             # resume that fails must leave the run's files as they were.
@@ -186,12 +187,26 @@ class MetricsLogger:
         row = {"env_steps": step, **metrics}
         self.rows.append(row)
         new_columns = [k for k in row if k not in self.columns]
-        if new_columns or not self.path.exists():
-            self.columns += new_columns
-            self._rewrite()
-        else:
-            with self.path.open("a", newline="", encoding="utf-8") as f:
-                csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore").writerow(row)
+        self.columns += new_columns
+        try:
+            if new_columns or self.behind or not self.path.exists():
+                self._rewrite()
+            else:
+                with self.path.open("a", newline="", encoding="utf-8") as f:
+                    writer = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
+                    writer.writerow(row)
+            self.behind = False
+        except PermissionError as err:
+            # Windows refuses to write a file another program holds open (a spreadsheet
+            # showing the CSV): keep the rows and write them all at the next row that can be.
+            if not self.behind:
+                warnings.warn(
+                    f"'{self.path}' cannot be written now ({err.strerror or err}: another "
+                    "program may hold it open); its rows are kept and written when it can be",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            self.behind = True
         if self.tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):
@@ -200,6 +215,18 @@ class MetricsLogger:
             self.wandb.log(row, step=step)
 
     def close(self, exit_code: int = 0) -> None:
+        if self.behind:  # the rows the CSV still lacks: once more, else beside it
+            try:
+                self._rewrite()
+            except PermissionError:
+                pending = self.path.with_suffix(".csv.tmp")
+                warnings.warn(
+                    f"'{self.path}' could still not be written; its complete rows are in "
+                    f"'{pending}': move that file over it",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            self.behind = False
         if self.tb is not None:
             self.tb.close()
             self.tb = None
