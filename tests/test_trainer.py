@@ -858,3 +858,15 @@ def test_groups_observed_for_different_numbers_of_envs_are_one_clear_error(tmp_p
         "agents, ...]"
     )
     assert {g: a.shape[0] for g, a in policy.act(step.obs).items()} == {"speaker": 4, "listener": 4}
+
+
+def test_phase_timings_wait_for_a_gpu(monkeypatch):
+    # A GPU runs behind the host: without a wait, the rollout's kernels were timed in the update.
+    from mappo.learners.ppo import clock
+
+    waited = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: waited.append(device))
+    clock(torch.device("cpu"))
+    assert waited == []
+    clock(torch.device("cuda", 1))
+    assert waited == [torch.device("cuda", 1)]

@@ -23,7 +23,7 @@ from mappo.config import ComaConfig, TrainConfig
 from mappo.data import EpisodeBatch
 from mappo.envs.base import BatchedEnv
 from mappo.episodes import EpisodeCollector, collection_seed
-from mappo.learners.ppo import generator
+from mappo.learners.ppo import clock, generator
 from mappo.nn.coma import ComaNetworks, coma_policy
 from mappo.rollout import EpisodeTracker
 
@@ -65,10 +65,10 @@ class ComaLearner:
         )
         T = int(episodes.filled.sum(0).max())
         batch = episodes.map(lambda x: x[: T + 1])
-        t1 = time.perf_counter()
+        t1 = clock(self.device)
         self.policy.train()
         metrics = self._train(batch)
-        t2 = time.perf_counter()
+        t2 = clock(self.device)
         return {
             "env_steps": steps,
             "rollout_seconds": t1 - t0,

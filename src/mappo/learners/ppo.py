@@ -52,6 +52,15 @@ from mappo.rollout import (
 )
 
 
+def clock(device: torch.device) -> float:
+    """``time.perf_counter()`` once ``device`` has done the work queued on it: a GPU runs behind
+    the host, so without the wait a phase's kernels would be timed in the next phase (the
+    rollout's in the update's). Once per phase an iteration."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def generator(device: torch.device, seed: int) -> torch.Generator:
     """A seeded generator of its own (runs never share torch's global random state)."""
     g = torch.Generator(device=device)
@@ -185,7 +194,7 @@ class PPOLearner:
         t0 = time.perf_counter()
         self.policy.eval()
         rollout = self.collector.collect()
-        t1 = time.perf_counter()
+        t1 = clock(self.device)
         self.policy.train()
         samples = make_samples(
             self.policy, rollout, cfg.algo, self.recurrent, always_inject=self.terms_fn is not None
@@ -199,7 +208,7 @@ class PPOLearner:
             self.terms_fn,
             self.step_fn,
         )
-        t2 = time.perf_counter()
+        t2 = clock(self.device)
         out = {
             "env_steps": cfg.steps_per_update,
             "rollout_seconds": t1 - t0,

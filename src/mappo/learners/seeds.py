@@ -69,7 +69,7 @@ from mappo.data import (
 )
 from mappo.envs.base import BatchedEnv
 from mappo.envs.registry import make as make_env
-from mappo.learners.ppo import cpu_pays, fuse_env_steps, generator
+from mappo.learners.ppo import clock, cpu_pays, fuse_env_steps, generator
 from mappo.nn.actor_critic import ActorCritic
 from mappo.rollout import (
     Collector,
@@ -742,7 +742,7 @@ class StackedPPOLearner:
         for p in self.policies:
             p.eval()
         rollout = self.collector.collect()
-        t1 = time.perf_counter()
+        t1 = clock(self.device)
         for p in self.policies:
             p.train()
         samples = _stack_samples(
@@ -759,7 +759,7 @@ class StackedPPOLearner:
             ]
         )
         losses = self._update(samples)
-        t2 = time.perf_counter()
+        t2 = clock(self.device)
         out = []
         for k in range(self.seeds):
             result = {

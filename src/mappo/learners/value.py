@@ -21,7 +21,7 @@ from mappo.checkpoint import restore_generator
 from mappo.config import TrainConfig, ValueConfig
 from mappo.envs.base import BatchedEnv
 from mappo.episodes import EpisodeBuffer, EpisodeCollector, collection_seed
-from mappo.learners.ppo import generator
+from mappo.learners.ppo import clock, generator
 from mappo.nn.normalizers import RunningMeanStd
 from mappo.nn.q_agents import QNetworks
 from mappo.rollout import EpisodeTracker
@@ -70,7 +70,7 @@ class ValueLearner:
         )
         self.buffer.add(episodes)
         self.episodes += self.env.num_envs
-        t1 = time.perf_counter()
+        t1 = clock(self.device)
         self.policy.train()
         sums: dict[str, torch.Tensor] = {}
         updates = 0
@@ -86,7 +86,7 @@ class ValueLearner:
         ):
             self.target.load_state_dict(self.policy.state_dict())
             self.last_target_update = self.episodes
-        t2 = time.perf_counter()
+        t2 = clock(self.device)
         return {
             "env_steps": steps,
             "rollout_seconds": t1 - t0,
