@@ -349,9 +349,14 @@ def test_one_diverging_seed_stops_all_before_any_saves_that_iteration(tmp_path, 
     cfg = _cfg("mpe/simple_spread_jaxmarl_ff")
     over = {**SMALL, "num_seeds": 2, "checkpoint_interval": 1, "eval_episodes": 2,
             "total_env_steps": _steps(cfg, 4), "run_dir": str(tmp_path)}  # fmt: skip
-    with pytest.raises(TrainingDiverged, match="^seed 2: training diverged in update 2"):
+    with pytest.raises(TrainingDiverged, match="^seed 2: training diverged in update 2") as err:
         train_seeds("mpe/simple_spread_jaxmarl_ff", over)
     runs = sorted(tmp_path.glob("*/*/*/*"))
+    # the healthy seed is named, with the command that continues it alone
+    (healthy,) = [r for r in runs if r.name.endswith("_seed1")]
+    assert str(err.value).endswith(
+        f"continue them without it with `mappo train --resume {healthy}`"
+    )
     assert len(runs) == 2
     for run in runs:  # both seeds keep their iteration-1 checkpoint, and nothing after it
         assert [p.name for p in sorted((run / "checkpoints").glob("*.pt"))] == ["iter_00000001.pt"]

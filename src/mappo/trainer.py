@@ -1148,6 +1148,21 @@ def _stop_on_signals(trainers: list[Trainer]) -> Iterator[None]:
             signal.signal(sig, old)
 
 
+def _name_the_others(err: TrainingDiverged, diverged: Trainer, trainers: list[Trainer]) -> None:
+    """Add to the message of a stacked seed's divergence how the other seeds, stopped with it
+    at their newest checkpoints, continue without it."""
+    others = [t for t in trainers if t is not diverged and t.last_checkpoint is not None]
+    if not others:
+        return
+    dirs = shlex.join(str(t.run_dir) for t in others)
+    module = imported_module(diverged.cfg.env.name)
+    trust = f" --import {module}" if module else ""
+    err.args = (
+        f"{err}; the other seeds stopped with it at their newest checkpoints: continue them "
+        f"without it with `mappo train --resume {dirs}{trust}`",
+    )
+
+
 def _save_unsaved(trainers: list[Trainer]) -> None:
     """Save a checkpoint of each trainer whose newest one is not of its current iteration, if
     any of them saved this iteration (the seeds of a stacked run stopped by an error)."""
@@ -1270,7 +1285,11 @@ def _run(
                     # Every seed is checked before any logs or saves, and a signal is read
                     # once: the seeds' newest checkpoints stay at one iteration.
                     for t, result in zip(trainers, results, strict=True):
-                        t.check_finite(result)
+                        try:
+                            t.check_finite(result)
+                        except TrainingDiverged as err:
+                            _name_the_others(err, t, trainers)
+                            raise
                         t.check_someone_alive()
                     signalled = trainers[0].stop_signal is not None
                     stopping = False
