@@ -682,6 +682,35 @@ def test_a_stack_that_fails_runs_its_trials_one_by_one(tmp_path, monkeypatch, ca
     assert "together in one process (2 seeds)" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_a_stack_run_one_by_one_before_its_next_seed(
+    tmp_path, monkeypatch, capsys, signum
+):
+    # A stack that failed runs its seeds one at a time; a signal in the first one's last
+    # iteration must stop the sweep there, not train the second seed in full.
+    import mappo.trainer as T
+
+    def broken(cfgs, checkpoints, run_dirs=None):
+        raise RuntimeError("out of memory for 2 seeds")
+
+    finish = T.Trainer.finish
+
+    def signalled_while_finishing(self):
+        self.stop_signal = signum
+        return finish(self)
+
+    monkeypatch.setattr(T, "_run_stacked", broken)
+    monkeypatch.setattr(T.Trainer, "finish", signalled_while_finishing)
+    spec_path = _write_spec(tmp_path, "presets: [TINY]\nseeds: [1, 2]\n")
+    argv = ["sweep", str(spec_path), "--dir", str(tmp_path / "sw"), "--backend", "serial"]
+    assert main([*argv, "--stack-seeds"]) == 128 + signum
+    spec = S.load_spec(str(spec_path), tmp_path / "sw")
+    assert [(Path(t.dir) / "summary.json").exists() for t in spec.trials] == [True, False]
+    status = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    assert [t["status"] for t in status["trials"]] == ["done", "interrupted"]
+    assert signal.Signals(signum).name in status["trials"][1]["error"]
+
+
 def test_a_folder_holding_another_sweep_is_refused(tmp_path):
     """Its record (sweep.json) would be replaced and its runs reported under the new name."""
     path = _write_spec(tmp_path, "name: second\npresets: [TINY]\nseeds: 1\n")

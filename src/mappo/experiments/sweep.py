@@ -236,22 +236,42 @@ def run_unit(trials: list[Trial]) -> list[TrialResult]:
         else:
             fresh.append(t)
     groups = [(g, False) for g in [fresh] if g] + [(g, True) for g in by_iteration.values()]
+    stop: str | None = None  # the signal that stops the unit, once one came
     try:
         for group, resuming in groups:
             done = _run_together(group, resuming) if len(group) > 1 else [run_trial(group[0])]
             if any(r.status == "failed" for r in done):
-                done = [run_trial(t) for t in group]  # each trial's own fate
+                done = []  # each trial's own fate, until a signal stops them
+                for t in group:
+                    done.append(run_trial(t))
+                    if _signal_of(done[-1]):
+                        break
             results.update((r.id, r) for r in done)
-            if any(r.status == "interrupted" for r in done):
-                break  # the signal stops the sweep; the unit's other groups wait for a re-run
+            stop = next((s for s in map(_signal_of, done) if s), None)
+            if stop is not None:
+                break  # the signal stops the sweep; the unit's other trials wait for a re-run
     except KeyboardInterrupt:  # between groups (a cancelled Ray task, Ctrl-C)
-        pass
+        stop = "SIGINT"
     for t in trials:
         if t.id not in results:
             results[t.id] = TrialResult(
-                t.id, "interrupted", _summary_steps(Path(t.dir)), node=node, error="not started"
+                t.id,
+                "interrupted",
+                _summary_steps(Path(t.dir)),
+                node=node,
+                error=f"not started ({stop or 'SIGINT'})",
             )
     return [results[t.id] for t in trials]
+
+
+def _signal_of(result: TrialResult) -> str | None:
+    """The name of the signal that stops the sweep at ``result``: the trial was interrupted, or
+    a signal came in its last iteration (it finished); ``None`` without one."""
+    if result.stop_signal:
+        return signal.Signals(result.stop_signal).name
+    if result.status == "interrupted":
+        return "SIGTERM" if "SIGTERM" in result.error else "SIGINT"
+    return None
 
 
 def _checkpoint_iteration(trial: Trial) -> int:
