@@ -204,23 +204,24 @@ def test_resume_seeds_keeps_wandb_ids(tmp_path, fake_wandb):
 
 def test_a_metrics_file_held_open_elsewhere_gets_its_rows_when_it_can(tmp_path, monkeypatch):
     # Windows refuses to write a file that another program (a spreadsheet) holds open: the run
-    # went on failing every row; now the rows wait and are written at the next one that can.
+    # stopped at the first row; now the rows wait beside it and are written when it can be.
     import csv
 
-    from mappo.logging import MetricsLogger
+    from mappo.logging import PENDING_FILE, MetricsLogger
 
     logger = MetricsLogger(tmp_path, tensorboard=False, wandb_project=None, config={})
     logger.log(10, {"loss/x": 1.0})
     held = {"on": True}
     real_open, real_replace = Path.open, Path.replace
+    csv_path, pending = tmp_path / "metrics.csv", tmp_path / PENDING_FILE
 
     def refusing_open(self, mode="r", *args, **kwargs):
-        if held["on"] and self == logger.path and "a" in mode:
+        if held["on"] and self == csv_path and "a" in mode:
             raise PermissionError(13, "The process cannot access the file")
         return real_open(self, mode, *args, **kwargs)
 
     def refusing_replace(self, target):
-        if held["on"] and Path(target) == logger.path:
+        if held["on"] and Path(target) == csv_path:
             raise PermissionError(13, "The process cannot access the file")
         return real_replace(self, target)
 
@@ -234,15 +235,22 @@ def test_a_metrics_file_held_open_elsewhere_gets_its_rows_when_it_can(tmp_path, 
     with pytest.warns(RuntimeWarning, match="another program may hold it open") as said:
         logger.log(20, {"loss/x": 2.0})
         logger.log(30, {"loss/x": 3.0, "loss/y": 0.5})  # (a new column: a rewrite)
-    assert len(said) == 1 and steps(logger.path) == [10]
+    assert len(said) == 1 and steps(csv_path) == [10] and steps(pending) == [10, 20, 30]
     held["on"] = False
     logger.log(40, {"loss/x": 4.0})
-    assert steps(logger.path) == [10, 20, 30, 40]
-    # Still held when the run ends: the complete rows are left beside it.
+    assert steps(csv_path) == [10, 20, 30, 40] and not pending.exists()
+    # Still held when the run ends (or killed while held): a resume reads the held rows.
     held["on"] = True
     with pytest.warns(RuntimeWarning, match="cannot be written now"):
         logger.log(50, {"loss/x": 5.0, "loss/y": 0.1})
-    with pytest.warns(RuntimeWarning, match="complete rows are in .*metrics.csv.tmp"):
+        logger.log(60, {"loss/x": 6.0, "loss/y": 0.2})
+    with pytest.warns(RuntimeWarning, match="complete rows are in .*metrics.pending.csv"):
         logger.close()
-    assert steps(tmp_path / "metrics.csv.tmp") == [10, 20, 30, 40, 50]
-    assert steps(logger.path) == [10, 20, 30, 40]
+    assert steps(csv_path) == [10, 20, 30, 40] and steps(pending) == [10, 20, 30, 40, 50, 60]
+    with pytest.warns(RuntimeWarning, match="cannot be written now"):  # still held on resume
+        resumed = MetricsLogger(tmp_path, False, None, {}, resume_step=50)
+    assert steps(pending) == [10, 20, 30, 40, 50]
+    held["on"] = False
+    resumed.log(60, {"loss/x": 6.5})
+    assert steps(csv_path) == [10, 20, 30, 40, 50, 60] and not pending.exists()
+    resumed.close()

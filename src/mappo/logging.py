@@ -141,10 +141,14 @@ class MetricsLogger:
         wandb_group: str | None = None,
     ) -> None:
         self.path = run_dir / "metrics.csv"
+        # Every row, while metrics.csv cannot be written (Windows: another program holds it
+        # open): a kill or a resume then loses none of them.
+        self.pending = run_dir / PENDING_FILE
         self.columns: list[str] = []
         self.rows: list[dict[str, Any]] = []
-        if resume_step is not None and self.path.exists():
-            self.columns, self.rows = _read_rows(self.path, resume_step)  # (checked, not yet cut)
+        source = self.pending if self.pending.exists() else self.path
+        if resume_step is not None and source.exists():
+            self.columns, self.rows = _read_rows(source, resume_step)  # (checked, not yet cut)
         self.tb = None
         self.wandb = None
         self.wandb_started = False  # (a W&B run now exists for this folder: keep its record)
@@ -157,8 +161,8 @@ class MetricsLogger:
             )
             self.wandb_started = True
         try:
-            if resume_step is not None and self.path.exists():
-                self._rewrite()
+            if resume_step is not None and source.exists():
+                self._write_all()
             if tensorboard:
                 from torch.utils.tensorboard import SummaryWriter
 
@@ -175,13 +179,45 @@ class MetricsLogger:
         self.close(exit_code=0 if exc_type is None else 1)
         return False
 
-    def _rewrite(self) -> None:
-        tmp = self.path.with_suffix(".csv.tmp")
+    def _rewrite(self, path: Path | None = None) -> None:
+        """Write every row to ``path`` (metrics.csv), whole or not at all."""
+        path = path or self.path
+        tmp = path.with_name(path.name + ".tmp")
         with tmp.open("w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(self.rows)
-        tmp.replace(self.path)
+        tmp.replace(path)
+
+    def _write_all(self) -> None:
+        """Rewrite metrics.csv with every row; where it cannot be written, hold them."""
+        try:
+            self._rewrite()
+        except PermissionError as err:
+            self._hold(err)
+            return
+        self._written()
+
+    def _written(self) -> None:
+        """metrics.csv has every row again: the rows held beside it are not needed."""
+        if self.behind or self.pending.exists():
+            self.pending.unlink(missing_ok=True)
+        self.behind = False
+
+    def _hold(self, err: PermissionError) -> None:
+        """metrics.csv cannot be written (Windows refuses to write a file another program holds
+        open, a spreadsheet showing it): every row goes to the pending file beside it, which a
+        resume reads, and the next row that can be written rewrites metrics.csv whole."""
+        if not self.behind:
+            warnings.warn(
+                f"'{self.path}' cannot be written now ({err.strerror or err}: another program "
+                f"may hold it open); its rows are kept in '{self.pending}' and written to it "
+                "when it can be",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        self.behind = True
+        self._rewrite(self.pending)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"env_steps": step, **metrics}
@@ -195,18 +231,10 @@ class MetricsLogger:
                 with self.path.open("a", newline="", encoding="utf-8") as f:
                     writer = csv.DictWriter(f, fieldnames=self.columns, extrasaction="ignore")
                     writer.writerow(row)
-            self.behind = False
         except PermissionError as err:
-            # Windows refuses to write a file another program holds open (a spreadsheet
-            # showing the CSV): keep the rows and write them all at the next row that can be.
-            if not self.behind:
-                warnings.warn(
-                    f"'{self.path}' cannot be written now ({err.strerror or err}: another "
-                    "program may hold it open); its rows are kept and written when it can be",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-            self.behind = True
+            self._hold(err)
+        else:
+            self._written()
         if self.tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):
@@ -215,18 +243,18 @@ class MetricsLogger:
             self.wandb.log(row, step=step)
 
     def close(self, exit_code: int = 0) -> None:
-        if self.behind:  # the rows the CSV still lacks: once more, else beside it
+        if self.behind:  # the rows the CSV still lacks: once more
             try:
                 self._rewrite()
             except PermissionError:
-                pending = self.path.with_suffix(".csv.tmp")
                 warnings.warn(
                     f"'{self.path}' could still not be written; its complete rows are in "
-                    f"'{pending}': move that file over it",
+                    f"'{self.pending}', which a resume reads (or move it over metrics.csv)",
                     RuntimeWarning,
                     stacklevel=2,
                 )
-            self.behind = False
+            else:
+                self._written()
         if self.tb is not None:
             self.tb.close()
             self.tb = None
@@ -234,6 +262,9 @@ class MetricsLogger:
             self.wandb.finish(exit_code=exit_code)
             self.wandb = None
 
+
+PENDING_FILE = "metrics.pending.csv"
+"""Every row of a run whose ``metrics.csv`` could not be written (another program held it)."""
 
 WANDB_ID_FILE = "wandb_id"
 """The file in a run folder that holds its W&B run id and the folder it was made for."""

@@ -97,7 +97,7 @@ def trial_state(trial: Trial) -> str:
 
 
 # What a trial that starts afresh clears of an earlier attempt that never reached a checkpoint.
-_LEFTOVERS = ("metrics.csv", "config.yaml", "summary.json", "error.txt")
+_LEFTOVERS = ("metrics.csv", "metrics.pending.csv", "config.yaml", "summary.json", "error.txt")
 
 
 def _clear_leftovers(d: Path) -> None:
