@@ -16,7 +16,7 @@ from mappo.cli import main
 from mappo.experiments import stats
 from mappo.experiments.plot import aggregate, plot_curves
 from mappo.experiments.report import first_reach, marl_eval, report_rows
-from mappo.experiments.runs import ResultsError, find_runs, group_runs
+from mappo.experiments.runs import WIN_RATE, ResultsError, find_runs, group_runs
 
 RETURN = "eval/eval_return_mean"
 
@@ -419,26 +419,31 @@ def test_the_report_counts_the_seeds_that_trained_their_whole_budget(tmp_path, c
         (bad / "error.txt").write_text(error if seed == 1 else "OSError: disk full\n\n")
     short = _fake_run(tmp_path, 3, [(1000, -190.0)], complete=False, total_env_steps=2000)
     (short / "summary.json").write_text(json.dumps({"env_steps": 1000}))  # stopped, resumable
+    # diverged before its first evaluation: no value of the metric, but a seed all the same
+    early = _fake_run(tmp_path, 3, [], complete=False, **lr)
+    with (early / "metrics.csv").open("a", encoding="utf-8") as f:
+        f.write("500,5.0,-420.0,\n")  # a training row, no evaluation
+    (early / "error.txt").write_text("mappo.trainer.TrainingDiverged: training diverged\n")
     assert main(["report", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
     assert "algo.critic_lr=0.0015 | 3 | 2 / 3 | 1.67k |" in out
-    assert "algo.critic_lr=1000000.0 | 2 | 0 / 2 (1 diverged, 1 failed) | 1k |" in out
-    assert err.count("warning") == 2
+    assert "algo.critic_lr=1000000.0 | 2 | 0 / 3 (2 diverged, 1 failed) | 1k |" in out
+    assert f"failed before any '{RETURN}' value (see error.txt in '{early}')" in err
+    assert err.count("warning") == 3
     assert (
         "'mpe/simple_spread_fast rmappo algo.critic_lr=0.0015': 1 of 3 seeds are incomplete (1 "
         "stopped before total_env_steps or still training); the row's figures are from where "
         "they stopped"
     ) in err
     assert (
-        "'mpe/simple_spread_fast rmappo algo.critic_lr=1000000.0': 2 of 2 seeds are incomplete "
-        "(1 diverged, 1 failed: see error.txt in their folders)"
+        "'mpe/simple_spread_fast rmappo algo.critic_lr=1000000.0': 3 of 3 seeds are incomplete "
+        "(2 diverged, 1 failed: see error.txt in '"
     ) in err
     assert main(["report", str(tmp_path), "--format", "json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [(r["seeds"], r["complete"], r["failed"], r["diverged"]) for r in rows] == [
-        (3, 2, 0, 0),
-        (2, 0, 2, 1),
-    ]
+    assert [
+        (r["seeds"], r["trained"], r["complete"], r["failed"], r["diverged"]) for r in rows
+    ] == [(3, 3, 2, 0, 0), (2, 3, 0, 3, 2)]
 
 
 def test_seeds_of_one_budget_ending_within_an_iteration_are_not_warned_about(tmp_path):
@@ -553,3 +558,23 @@ def test_values_that_are_not_finite_are_left_out_with_a_warning(tmp_path):
         f"'{d}' has 2 NaN or infinite values of '{RETURN}' (of 3); left out, so its final value "
         "is its last finite one"
     ]
+
+
+def test_a_target_over_a_sweep_whose_newest_configuration_has_not_evaluated_yet(tmp_path):
+    # Every configuration is a StarCraft map's (the win rate); one has only training rows so
+    # far, whose default metric read as the return, and --target was refused as two metrics.
+    evaluated = _fake_run(tmp_path, 1, [], preset="smac/3m_fast")
+    (evaluated / "metrics.csv").write_text(
+        f"env_steps,wall_seconds,train/episode_return,{WIN_RATE}\n"
+        "1000,10.0,5.0,0.25\n2000,20.0,8.0,0.75\n",
+        encoding="utf-8",
+    )
+    starting = _fake_run(tmp_path, 1, [], preset="smac/3m_fast", **{"algo.clip": 0.1})
+    (starting / "metrics.csv").write_text(
+        "env_steps,wall_seconds,train/episode_return\n500,5.0,2.0\n", encoding="utf-8"
+    )
+    with pytest.warns(UserWarning):  # (the seeds are incomplete; one has no values yet)
+        rows = report_rows(group_runs(find_runs([tmp_path])), target=0.5, window=1)
+    # the new configuration's row is the win rate's too, with no seed yet
+    got = sorted((r.metric, r.seeds, r.reached) for r in rows)
+    assert got == [(WIN_RATE, 0, 0), (WIN_RATE, 1, 1)]

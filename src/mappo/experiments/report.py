@@ -61,13 +61,7 @@ class ReportRow:
     algo: str
     metric: str
     seeds: int
-    complete: int
-    """Seeds that trained their whole budget (:attr:`RunRecord.complete`); the others' figures
-    are from where they stopped."""
-    failed: int
-    """Seeds whose folder holds a sweep's ``error.txt`` (``diverged`` included)."""
-    diverged: int
-    """Seeds that failed with ``TrainingDiverged``."""
+    """Seeds with values of the metric, which the figures are over."""
     env_steps: float
     wall_seconds: float
     final_mean: float
@@ -91,6 +85,17 @@ class ReportRow:
     """Wall seconds since the run started (compilation included) at that evaluation: median."""
     target_seconds_max: float = math.nan
     """The same, the slowest seed that reached it."""
+    # (after the fields of earlier versions, so that a CSV's columns keep their places)
+    trained: int = 0
+    """Every seed of the configuration found, with values of the metric or not (a seed that
+    failed before its first evaluation has none)."""
+    complete: int = 0
+    """Seeds that trained their whole budget (:attr:`RunRecord.complete`); the others' figures
+    are from where they stopped."""
+    failed: int = 0
+    """Seeds whose folder holds a sweep's ``error.txt`` (``diverged`` included)."""
+    diverged: int = 0
+    """Seeds that failed with ``TrainingDiverged``."""
 
 
 def first_reach(
@@ -139,16 +144,21 @@ def report_rows(
         raise ResultsError(f"--window must be at least 1 evaluation, not {window}")
     if metric is not None:
         metric = check_metric([r for c in configs for r in c.runs], metric)
-    elif target is not None:
-        defaults = sorted({default_metric(c.runs) for c in configs})
+    # Each configuration's default: its task's (a configuration that has not evaluated yet
+    # logs no win rate so far, which its map's other configurations show it will).
+    by_task: dict[str, list[RunRecord]] = {}
+    for c in configs:
+        by_task.setdefault(c.task, []).extend(c.runs)
+    names = [metric or default_metric(by_task[c.task]) for c in configs]
+    if metric is None and target is not None:
+        defaults = sorted(set(names))
         if len(defaults) > 1:  # (a level of -120 is a return's; every win rate would miss it)
             raise ResultsError(
                 f"--target is a level of one metric, but the configurations report "
                 f"{' and '.join(defaults)}; pass --metric"
             )
     rows = []
-    for conf in configs:
-        name = metric or default_metric(conf.runs)
+    for conf, name in zip(configs, names, strict=True):
         if never_logs(conf.runs, name):
             # Another kind of run (a row of no seeds would say nothing); runs that have not
             # evaluated yet keep a row of no seeds.
@@ -164,11 +174,13 @@ def report_rows(
             hit = None if target is None else _reach(run, name, target, window)
             if hit is not None:
                 reached.append(hit)
-        complete = sum(run.complete for run in runs)
-        if complete < len(runs):
+        # (over every seed: one that failed before its first evaluation has no values)
+        complete = sum(run.complete for run in conf.runs)
+        if complete < len(conf.runs):
             warnings.warn(
-                f"'{conf.label}': {len(runs) - complete} of {len(runs)} seeds are incomplete "
-                f"({_shortfall(runs)}); the row's figures are from where they stopped",
+                f"'{conf.label}': {len(conf.runs) - complete} of {len(conf.runs)} seeds are "
+                f"incomplete ({_shortfall(conf.runs)}); the row's figures are from where they "
+                "stopped",
                 stacklevel=2,
             )
         elif ends and max(ends) - min(ends) > max(run.iteration_steps for run in runs):
@@ -194,9 +206,10 @@ def report_rows(
                 algo=conf.runs[0].algo,
                 metric=name,
                 seeds=len(runs),
+                trained=len(conf.runs),
                 complete=complete,
-                failed=sum(run.failed for run in runs),
-                diverged=sum(run.diverged for run in runs),
+                failed=sum(run.failed for run in conf.runs),
+                diverged=sum(run.diverged for run in conf.runs),
                 env_steps=_mean([run.final("env_steps") for run in runs]),
                 wall_seconds=_mean([run.final("wall_seconds") for run in runs]),
                 final_mean=_mean(finals),
@@ -232,7 +245,8 @@ def _shortfall(runs: list[RunRecord]) -> str:
     parts = []
     if failed:
         text = _failures(len(failed), sum(run.diverged for run in failed))
-        parts.append(f"{text}: see error.txt in their folders")
+        folders = ", ".join(f"'{run.dir}'" for run in failed)
+        parts.append(f"{text}: see error.txt in {folders}")
     if short:
         parts.append(f"{short} stopped before total_env_steps or still training")
     return "; ".join(parts)
@@ -298,7 +312,7 @@ def format_markdown(rows: list[ReportRow]) -> str:
         cells = [r.configuration] + [r.metric] * (len(metrics) > 1)
         cells += [
             str(r.seeds),
-            f"{r.complete} / {r.seeds}"
+            f"{r.complete} / {r.trained}"
             + (f" ({_failures(r.failed, r.diverged)})" if r.failed else ""),
             _steps(r.env_steps),
             f"{_num(r.wall_seconds, 0)} s",

@@ -374,9 +374,10 @@ def not_evaluated(metric: str) -> ResultsError:
 
 
 def with_values(conf: Configuration, metric: str, x: str = "env_steps") -> list[RunRecord]:
-    """The runs of ``conf`` with at least one value of ``metric``; the others (stopped before
-    their first evaluation, or of a task that does not log it) are left out with a warning, as
-    is each run with values that are not finite numbers."""
+    """The runs of ``conf`` with at least one value of ``metric``; the others (failed or stopped
+    before their first evaluation, or of a task that does not log it) are left out with a
+    warning. A run's values that are not finite numbers are left out of its curve, with a
+    warning."""
     for run in conf.runs:
         bad = run.nonfinite.get(metric, 0)
         if bad:  # (a damaged or foreign metrics.csv: mappo stops a diverged run before)
@@ -387,10 +388,19 @@ def with_values(conf: Configuration, metric: str, x: str = "env_steps") -> list[
                 stacklevel=2,
             )
     kept = [r for r in conf.runs if metric in r.columns and r.curve(metric, x)[0].size]
-    if len(kept) < len(conf.runs):
+    failed = [r for r in conf.runs if r not in kept and r.failed]
+    early = len(conf.runs) - len(kept) - len(failed)
+    if failed:
         warnings.warn(
-            f"{len(conf.runs) - len(kept)} of {len(conf.runs)} runs of '{conf.label}' have no "
-            f"'{metric}' values yet; left out",
+            f"{len(failed)} of {len(conf.runs)} runs of '{conf.label}' failed before any "
+            f"'{metric}' value (see error.txt in {', '.join(repr(str(r.dir)) for r in failed)}); "
+            "left out",
+            stacklevel=2,
+        )
+    if early:
+        warnings.warn(
+            f"{early} of {len(conf.runs)} runs of '{conf.label}' have no '{metric}' values "
+            "yet; left out",
             stacklevel=2,
         )
     return kept
