@@ -332,7 +332,8 @@ def test_a_signal_stops_every_seed_with_a_checkpoint_and_one_command_resumes_the
     assert resumed.stdout.count("result:") == 2 and "trained together" in resumed.stdout
 
 
-def test_one_diverging_seed_stops_all_before_any_saves_that_iteration(tmp_path, monkeypatch):
+@pytest.mark.parametrize("bad", [[1], [1, 2]])
+def test_one_diverging_seed_stops_all_before_any_saves_that_iteration(tmp_path, monkeypatch, bad):
     from mappo.trainer import TrainingDiverged
 
     original = StackedPPOLearner.iterate
@@ -342,23 +343,25 @@ def test_one_diverging_seed_stops_all_before_any_saves_that_iteration(tmp_path, 
         results = original(self, iteration, env_steps)
         calls.append(iteration)
         if len(calls) == 2:
-            results[1]["agents/policy_loss"] = float("nan")
+            for k in bad:
+                results[k]["agents/policy_loss"] = float("nan")
         return results
 
     monkeypatch.setattr(StackedPPOLearner, "iterate", iterate)
     cfg = _cfg("mpe/simple_spread_jaxmarl_ff")
-    over = {**SMALL, "num_seeds": 2, "checkpoint_interval": 1, "eval_episodes": 2,
+    over = {**SMALL, "num_seeds": 3, "checkpoint_interval": 1, "eval_episodes": 2,
             "total_env_steps": _steps(cfg, 4), "run_dir": str(tmp_path)}  # fmt: skip
     with pytest.raises(TrainingDiverged, match="^seed 2: training diverged in update 2") as err:
         train_seeds("mpe/simple_spread_jaxmarl_ff", over)
     runs = sorted(tmp_path.glob("*/*/*/*"))
-    # the healthy seed is named, with the command that continues it alone
-    (healthy,) = [r for r in runs if r.name.endswith("_seed1")]
-    assert str(err.value).endswith(
-        f"continue them without it with `mappo train --resume {healthy}`"
-    )
-    assert len(runs) == 2
-    for run in runs:  # both seeds keep their iteration-1 checkpoint, and nothing after it
+    # only the healthy seeds are named, with the command that continues them (a seed that
+    # diverged in the same update would diverge again)
+    healthy = [r for r in runs if int(r.name.rsplit("_seed", 1)[1]) - 1 not in bad]
+    command = "mappo train --resume " + " ".join(map(str, healthy))
+    assert str(err.value).endswith(f"continue them with `{command}`")
+    assert ("(seeds 3 diverged in this update too)" in str(err.value)) == (len(bad) == 2)
+    assert len(runs) == 3
+    for run in runs:  # every seed keeps its iteration-1 checkpoint, and nothing after it
         assert [p.name for p in sorted((run / "checkpoints").glob("*.pt"))] == ["iter_00000001.pt"]
 
 

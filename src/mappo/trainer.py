@@ -1148,19 +1148,28 @@ def _stop_on_signals(trainers: list[Trainer]) -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def _name_the_others(err: TrainingDiverged, diverged: Trainer, trainers: list[Trainer]) -> None:
-    """Add to the message of a stacked seed's divergence how the other seeds, stopped with it
-    at their newest checkpoints, continue without it."""
-    others = [t for t in trainers if t is not diverged and t.last_checkpoint is not None]
-    if not others:
-        return
-    dirs = shlex.join(str(t.run_dir) for t in others)
-    module = imported_module(diverged.cfg.env.name)
-    trust = f" --import {module}" if module else ""
-    err.args = (
-        f"{err}; the other seeds stopped with it at their newest checkpoints: continue them "
-        f"without it with `mappo train --resume {dirs}{trust}`",
-    )
+def _with_the_others(
+    diverged: dict[int, TrainingDiverged], trainers: list[Trainer]
+) -> TrainingDiverged:
+    """The first diverged stacked seed's error, naming the other seeds that diverged in the
+    same iteration and how the healthy ones, stopped at their newest checkpoints, continue."""
+    first = diverged[min(diverged)]
+    text = str(first)
+    if len(diverged) > 1:
+        seeds = ", ".join(str(trainers[k].cfg.seed) for k in sorted(diverged)[1:])
+        text += f" (seeds {seeds} diverged in this update too)"
+    healthy = [
+        t for k, t in enumerate(trainers) if k not in diverged and t.last_checkpoint is not None
+    ]
+    if healthy:
+        dirs = shlex.join(str(t.run_dir) for t in healthy)
+        module = imported_module(trainers[0].cfg.env.name)
+        trust = f" --import {module}" if module else ""
+        text += (
+            f"; the other seeds stopped with it at their newest checkpoints: continue them "
+            f"with `mappo train --resume {dirs}{trust}`"
+        )
+    return TrainingDiverged(text)
 
 
 def _save_unsaved(trainers: list[Trainer]) -> None:
@@ -1284,12 +1293,15 @@ def _run(
                     results = [t.count(r) for t, r in zip(trainers, iterate_all(), strict=True)]
                     # Every seed is checked before any logs or saves, and a signal is read
                     # once: the seeds' newest checkpoints stay at one iteration.
-                    for t, result in zip(trainers, results, strict=True):
+                    diverged: dict[int, TrainingDiverged] = {}
+                    for k, (t, result) in enumerate(zip(trainers, results, strict=True)):
                         try:
                             t.check_finite(result)
                         except TrainingDiverged as err:
-                            _name_the_others(err, t, trainers)
-                            raise
+                            diverged[k] = err
+                    if diverged:
+                        raise _with_the_others(diverged, trainers)
+                    for t in trainers:
                         t.check_someone_alive()
                     signalled = trainers[0].stop_signal is not None
                     stopping = False
