@@ -817,8 +817,35 @@ def test_without_a_cpp_compiler_auto_warns_once_and_on_is_a_one_line_error(
     argv += [f"{k}={v}" for k, v in over.items()] + ["total_env_steps=128"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "compile=on needs a C++ compiler" in err, err
+    assert err.count("\n") == 1 and "compiling needs a compiler" in err, err
     assert "compile=off" in err
+
+
+def test_only_a_missing_or_unusable_compiler_counts_as_one():
+    # A compiler that rejects inductor's own code is torch's bug, not a missing toolchain:
+    # that function falls back alone, the others still compile.
+    from torch._inductor.exc import CppCompileError, InductorError, InvalidCxxCompiler
+
+    from mappo.compiled import compiler_failure
+
+    def wrapped(inner):
+        return InductorError(inner, None)
+
+    no_omp = CppCompileError(["clang++"], "clang: error: unsupported option '-fopenmp'")
+    assert "unsupported option '-fopenmp'" in compiler_failure(wrapped(no_omp))
+    assert "no working C++ compiler" in compiler_failure(wrapped(InvalidCxxCompiler()))
+    triton = RuntimeError("Failed to find C compiler. Please specify via CC environment variable.")
+    assert "Triton" in compiler_failure(wrapped(triton))
+    codegen = CppCompileError(["g++"], "kernel.cpp:12: error: 'tmp3' was not declared")
+    assert compiler_failure(wrapped(codegen)) is None
+    # an error raised while handling a compile failure is not one
+    try:
+        try:
+            raise wrapped(InvalidCxxCompiler())
+        except InductorError:
+            raise ValueError("a later, unrelated error") from None
+    except ValueError as later:
+        assert compiler_failure(later) is None
 
 
 def test_auto_does_not_rerun_a_step_that_failed_while_updating_its_inputs(monkeypatch):

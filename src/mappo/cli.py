@@ -1041,8 +1041,8 @@ def main(argv: list[str] | None = None) -> int:
         broken = compiler_failure(err)
         if broken is not None:  # compile=on (auto trains eagerly instead)
             _error(
-                f"compile=on needs a C++ compiler that torch can build with: {broken}; "
-                f"{COMPILER_HINT}, or set compile=off"
+                f"compiling needs a compiler that torch can build with: {broken}; "
+                f"{COMPILER_HINT}, or run without compiling (compile=off)"
             )
             return EXIT_USAGE
         # Allocation failures of torch (CPU or GPU) surface as RuntimeErrors.

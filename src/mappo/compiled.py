@@ -81,6 +81,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import re
 import types
 import warnings
 from collections.abc import Callable, Hashable
@@ -458,16 +459,23 @@ it: every other such function then runs eagerly at once, without a warning of it
 without spending a compile on the same failure."""
 
 
+_TOOLCHAIN = re.compile(
+    r"-fopenmp|omp\.h|unsupported option|unrecognized command.line option|command not found|"
+    r"cannot find -l|No such file or directory|not installed"
+)
+"""What a compiler says where the toolchain itself fails (no OpenMP for Apple's clang, a
+missing header or library), not the code: a build of inductor's own code that the compiler
+rejects is torch's bug, and compiling may still work for the other functions."""
+
+
 def compiler_failure(err: BaseException) -> str | None:
-    """Why torch's inductor could not build its C++ code, where ``err`` (or an error it wraps)
-    is that failure: no working C++ compiler, or one that rejected the build (Apple's clang
-    without OpenMP); else ``None``. One line."""
+    """Why torch could not build compiled code here, where ``err`` (or an error it wraps, as
+    torch wraps the backend's) is a missing or unusable compiler: no working C++ compiler for
+    inductor's CPU code, one that cannot build it (Apple's clang without OpenMP), or no C
+    compiler for Triton's GPU launchers; else ``None``. One line."""
+    e: BaseException | None = err
     seen: set[int] = set()
-    todo: list[BaseException | None] = [err]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
+    while e is not None and id(e) not in seen:
         seen.add(id(e))
         kind = type(e).__name__
         if kind == "InvalidCxxCompiler":
@@ -475,8 +483,11 @@ def compiler_failure(err: BaseException) -> str | None:
         if kind == "CppCompileError":
             output = str(getattr(e, "output", "") or "")
             said = [line.strip() for line in output.splitlines() if "error" in line.lower()]
-            return f"the C++ compiler failed: {(said or ['no message'])[0][:200]}"
-        todo += [getattr(e, "inner_exception", None), e.__cause__, e.__context__]
+            if _TOOLCHAIN.search(output):
+                return f"the C++ compiler failed: {(said or ['no message'])[0][:200]}"
+        if "Failed to find C compiler" in str(e):  # Triton's, building a GPU kernel's launcher
+            return "no C compiler was found for Triton (set $CC to one)"
+        e = getattr(e, "inner_exception", None) or e.__cause__
     return None
 
 
