@@ -93,6 +93,30 @@ def test_a_python_path_name_trains_evaluates_and_resumes(user_folder, tmp_path, 
     assert not (tmp_path / "a.gif").exists()
 
 
+def test_a_python_path_env_of_many_copies_is_probed_as_itself(user_folder, tmp_path) -> None:
+    # Above 4,096 copies the memory check builds one copy to measure; it took a python: env
+    # for an adapter's and passed it num_workers=0, which the class refused. A sweep's metric
+    # check builds one copy the same way, and let any metric through for such an env.
+    from mappo.envs.registry import uses_workers
+    from mappo.experiments.spec import SweepError, load_spec
+
+    module = _example_module(user_folder, f"unused/{uuid.uuid4().hex[:6]}")
+    name = f"python:{module}:GuessTheColor"
+    assert not uses_workers(name) and uses_workers("pettingzoo:mpe2.simple_spread_v3")
+    over = [f"env.name={name}", "env.num_envs=4100", "rollout_length=2", "total_env_steps=8200"]
+    root = tmp_path / "runs"
+    argv = ["train", "mpe/simple_spread_fast", *over, "eval_episodes=2", "progress=false"]
+    assert main([*argv, "threads=1", f"run_dir={root}"]) == 0
+    spec = user_folder / "spec.yaml"
+    spec.write_text(
+        f"presets: [mpe/simple_spread_fast]\noverrides: {{env.name: '{name}'}}\n"
+        "metric: eval/eval_hts\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(SweepError, match="did you mean 'eval/eval_hits'"):
+        load_spec(str(spec), tmp_path / "sw")
+
+
 def test_import_loads_the_module_that_registers_an_env(user_folder, tmp_path, capsys) -> None:
     env_name = f"mine/guess_{uuid.uuid4().hex[:6]}"
     module = _example_module(user_folder, env_name)

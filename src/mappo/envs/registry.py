@@ -109,6 +109,8 @@ def _check_trusted(name: str) -> None:
 _ENVS: dict[str, EnvEntry] = {}
 _SCHEMES: dict[str, EnvFactory] = {}
 """Scheme prefix (e.g. ``pettingzoo``) -> ``factory(target, num_envs, device, seed, **kwargs)``."""
+_WORKER_SCHEMES: set[str] = set()
+"""The schemes whose envs step in worker processes (:func:`uses_workers`)."""
 
 
 def register(
@@ -158,14 +160,21 @@ def copy_bytes(name: str) -> int:
 def uses_workers(name: str) -> bool:
     """Whether ``name`` is an env of Python games stepped in worker processes: an adapter scheme
     (``pettingzoo:...``) or a registered env built on the adapter (``football/...``). Probing
-    such an env starts processes, so the trainer's memory check skips it for small batches."""
+    such an env starts processes, so the trainer's memory check skips it for small batches.
+    A batched env of the user's own (``python:...``) is not one."""
     _load_builtin()
-    return ":" in name or (name in _ENVS and _ENVS[name].workers)
+    if ":" in name:
+        return name.split(":", 1)[0] in _WORKER_SCHEMES
+    return name in _ENVS and _ENVS[name].workers
 
 
-def register_scheme(scheme: str, factory: EnvFactory) -> None:
-    """Resolve every name ``scheme:target`` with ``factory(target, num_envs=..., ...)``."""
+def register_scheme(scheme: str, factory: EnvFactory, workers: bool = False) -> None:
+    """Resolve every name ``scheme:target`` with ``factory(target, num_envs=..., ...)``;
+    ``workers``: the scheme's envs step in worker processes (they take the adapter's options,
+    ``num_workers=0`` among them)."""
     _SCHEMES[scheme] = factory
+    if workers:
+        _WORKER_SCHEMES.add(scheme)
 
 
 def list_envs() -> list[EnvEntry]:

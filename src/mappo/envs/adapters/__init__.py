@@ -22,8 +22,8 @@ from mappo.envs.adapters.adapter import (
 from mappo.envs.adapters.pool import EnvOutputError, EnvWorkerError
 from mappo.envs.registry import register_scheme
 
-register_scheme("pettingzoo", make_pettingzoo)
-register_scheme("gymnasium", make_gymnasium)
+register_scheme("pettingzoo", make_pettingzoo, workers=True)
+register_scheme("gymnasium", make_gymnasium, workers=True)
 
 __all__ = [
     "ADAPTER_OPTIONS",

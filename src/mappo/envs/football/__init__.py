@@ -154,6 +154,6 @@ for _scenario, (_n, _what) in SCENARIOS.items():
         workers=True,
         copy_bytes=GAME_BYTES,
     )
-register_scheme("football", make_football)
+register_scheme("football", make_football, workers=True)
 
 __all__ = ["SCENARIOS", "FootballEnv", "make_football"]
