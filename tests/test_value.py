@@ -444,6 +444,11 @@ def test_coma_samples_the_actions_torch_multinomial_draws():
     drawn = torch.multinomial(probs, 1, generator=torch.Generator().manual_seed(7))
     assert torch.equal(acted.actions.reshape(-1), drawn.reshape(-1))
     assert bool(mask.reshape(-1, 5).gather(1, drawn).all())
+    # NaN observations (a broken env): the actions are still allowed ones, so the env takes
+    # them and the run's NaN check names the env (multinomial raised a traceback here)
+    with torch.no_grad():
+        acted = nets.act_group("agents", obs * torch.nan, state, starts, mask, False, gen)
+    assert bool(mask.gather(-1, acted.actions).all())
 
 
 def test_coma_critic_sees_the_others_actions_but_not_its_own():

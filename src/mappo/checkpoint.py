@@ -28,7 +28,8 @@ class CheckpointError(ValueError):
 
 
 class CheckpointWarning(UserWarning):
-    """A checkpoint was passed over (unreadable or non-finite) in favour of an older one."""
+    """A checkpoint was passed over (unreadable or non-finite) in favour of an older one, or
+    its random states could not be restored on this kind of device."""
 
 
 def restore_generator(gen: torch.Generator, state: torch.Tensor, *key: object) -> None:
@@ -43,12 +44,13 @@ def restore_generator(gen: torch.Generator, state: torch.Tensor, *key: object) -
         return
     seed = int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little")
     gen.manual_seed(seed >> 1)
+    # (one place of warning: the generators of one resume say it once, not each)
     warnings.warn(
         f"the checkpoint's random states are of another kind of device than {gen.device.type}; "
         "they are seeded afresh from the run's seed and iteration, so the resumed run does not "
         "draw what it would have on the device it was trained on",
         CheckpointWarning,
-        stacklevel=2,
+        stacklevel=1,
     )
 
 
@@ -174,7 +176,8 @@ def _checkpoint_files(run_dir: Path) -> list[Path]:
 def tidy_for_resume(run_dir: Path, resumed_from: Path) -> None:
     """Before a run resumes from ``resumed_from``: remove the temporary file of a write that a
     kill cut off, and move newer checkpoints that could not be used aside (kept, renamed
-    ``*.pt.unusable``) so that rotation never counts them among the ones to keep."""
+    ``*.pt.unusable``, or ``*.pt.unusable2``... where that name is taken) so that rotation never
+    counts them among the ones to keep."""
     for stale in (run_dir / "checkpoints").glob("*.pt.tmp"):
         stale.unlink()
     for path in _checkpoint_files(run_dir):

@@ -113,7 +113,8 @@ def native_target() -> str:
     done = subprocess.run(
         [*command, "-march=native", "-E", "-dM", "-x", "c", os.devnull],
         capture_output=True,
-        text=True,
+        encoding="utf-8",
+        errors="replace",
         timeout=60,
     )
     if done.returncode != 0:
@@ -177,7 +178,8 @@ def build(
         done = subprocess.run(
             [*command, *flags, "-o", partial, str(source)],
             capture_output=True,
-            text=True,
+            encoding="utf-8",
+            errors="replace",
             timeout=120,
         )
         if done.returncode != 0:

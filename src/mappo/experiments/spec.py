@@ -359,7 +359,8 @@ def check_unchanged(trial: Trial) -> None:
             raise SweepError(
                 f"trial {trial.id} decays its learning rates to zero over total_env_steps="
                 f"{saved.get(key)!r} (algo.lr_decay), and the spec now gives {wanted.get(key)!r}: "
-                "continuing it would restart the decay part way; give the sweep a new --dir"
+                "there the budget is part of the schedule, so another budget is another "
+                "configuration; give the sweep a new --dir"
             )
         raise SweepError(
             f"trial {trial.id} was trained with {key}={saved.get(key)!r} but the spec now gives "

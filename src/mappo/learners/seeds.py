@@ -169,11 +169,11 @@ class SeedBlocks:
         except NotImplementedError:
             return None
 
-    def load_seed_state(self, k: int, saved: dict[str, Any]) -> None:
-        """Put seed ``k``'s envs back into a :meth:`seed_state`."""
+    def load_seed_state(self, k: int, saved: dict[str, Any], iteration: int = 0) -> None:
+        """Put seed ``k``'s envs back into a :meth:`seed_state` (of ``iteration``)."""
         env = self.envs[k]
         env.set_state({n: v.to(self.device) for n, v in saved["state"].items()})
-        restore_generator(env.generator, saved["rng"], self.seeds[k], "env")
+        restore_generator(env.generator, saved["rng"], self.seeds[k] + iteration, "env")
 
     def reset_seed(self, k: int, seed: int) -> EnvStep:
         """Fresh episodes for seed ``k``'s envs (an env without snapshots, on resume)."""
@@ -218,11 +218,12 @@ class OneEnvBlocks(SeedBlocks):
         state = {n: v[rows].clone() for n, v in env.get_state().items()}
         return {"state": state, "rng": env.block_generator(k).get_state()}  # type: ignore[attr-defined]
 
-    def load_seed_state(self, k: int, saved: dict[str, Any]) -> None:
+    def load_seed_state(self, k: int, saved: dict[str, Any], iteration: int = 0) -> None:
         env, rows = self.envs[0], self.rows(k)
         ids = torch.arange(rows.start, rows.stop, device=self.device)
         env.set_state({n: v.to(self.device) for n, v in saved["state"].items()}, env_ids=ids)
-        restore_generator(env.block_generator(k), saved["rng"], self.seeds[k], "env")  # type: ignore[attr-defined]
+        block = env.block_generator(k)  # type: ignore[attr-defined]
+        restore_generator(block, saved["rng"], self.seeds[k] + iteration, "env")
 
     def reset_seed(self, k: int, seed: int) -> EnvStep:
         raise NotImplementedError("an env with seed blocks is always snapshotted")
@@ -908,7 +909,7 @@ class StackedPPOLearner:
                 steps_.append(self.blocks.reset_seed(k, self.cfgs[k].seed + iteration))
                 continue
             dev = self.device
-            self.blocks.load_seed_state(k, saved_c["env"])
+            self.blocks.load_seed_state(k, saved_c["env"], iteration)
             steps_.append(step_from_dict(saved_c["step"], dev))
             for name, v in saved_c["actor_states"].items():
                 c.actor_states[name][rows] = v.to(dev)

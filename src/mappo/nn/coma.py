@@ -109,5 +109,8 @@ class ComaNetworks(AgentNetworks):
             # same actions from the same generator), without its checks of the probabilities,
             # which read values back to the host: two waits on a GPU in every env step.
             race = torch.empty_like(probs).exponential_(1, generator=generator)
-            action = (probs / race).argmax(-1)
+            scores = probs / race
+            if mask is not None:  # (probabilities that are NaN still pick an allowed action)
+                scores = scores.masked_fill(~mask, -torch.inf)
+            action = scores.argmax(-1)
         return GroupAct(action.unsqueeze(-1), self.next_state(name, hidden, action))
