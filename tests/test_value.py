@@ -447,6 +447,7 @@ def test_coma_samples_the_actions_torch_multinomial_draws():
     # NaN observations (a broken env): the actions are still allowed ones, so the env takes
     # them and the run's NaN check names the env (multinomial raised a traceback here)
     with torch.no_grad():
+        gen = torch.Generator().manual_seed(8)
         acted = nets.act_group("agents", obs * torch.nan, state, starts, mask, False, gen)
     assert bool(mask.gather(-1, acted.actions).all())
 
