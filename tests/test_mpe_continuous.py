@@ -199,12 +199,16 @@ def test_mpe2_continuous_episodes_match(scenario: str) -> None:
 
 
 def test_mpe2_continuous_spread_with_contacts() -> None:
-    """Agents crowded at the origin, so that contact forces and collision penalties act."""
+    """Two agents started overlapping and the third apart, so that contact forces and collision
+    penalties act and the agents' rewards differ for any seed (a crowd of all three drawn at
+    random did not always: with every agent in contact, every penalty is the same)."""
 
     def crowd(world: Any, seed: int) -> None:
         rng = np.random.default_rng(seed)
-        for agent in world.agents:
-            agent.state.p_pos = rng.uniform(-0.15, 0.15, 2)
+        near = rng.uniform(-0.1, 0.1, 2)
+        starts = [near, near + rng.uniform(-0.05, 0.05, 2), rng.uniform(0.6, 0.9, 2)]
+        for agent, pos in zip(world.agents, starts, strict=True):
+            agent.state.p_pos = pos
 
     env, outs = _run_against_mpe2("simple_spread", SEEDS, start=crowd)
     # The local (collision) part of the reward made a difference at some step.

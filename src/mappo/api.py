@@ -121,7 +121,7 @@ class Policy:
                     f"the recurrent state was kept for {before.shape[0]} envs and is started "
                     f"afresh for {E}: act on the same envs every call (give finished ones "
                     "starts=True), or call reset() where that is meant",
-                    stacklevel=2,
+                    stacklevel=3,  # (past torch.no_grad's wrapper, to the caller's line)
                 )
             self._states = self.model.acting_states(E, self.device)
             starts_t = torch.ones(E, dtype=torch.bool, device=self.device)
