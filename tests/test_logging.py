@@ -254,3 +254,51 @@ def test_a_metrics_file_held_open_elsewhere_gets_its_rows_when_it_can(tmp_path, 
     resumed.log(60, {"loss/x": 6.5})
     assert steps(csv_path) == [10, 20, 30, 40, 50, 60] and not pending.exists()
     resumed.close()
+
+
+def test_a_pending_file_held_open_too_does_not_stop_training(tmp_path, monkeypatch):
+    # The warning names metrics.pending.csv, so a user may open it as well: neither writing it
+    # nor removing it may stop the run, and a stale one left behind must not win a resume.
+    import csv
+
+    from mappo.logging import PENDING_FILE, MetricsLogger
+
+    csv_path, pending = tmp_path / "metrics.csv", tmp_path / PENDING_FILE
+    logger = MetricsLogger(tmp_path, tensorboard=False, wandb_project=None, config={})
+    logger.log(10, {"loss/x": 1.0})
+    pending.write_text("env_steps,loss/x\n10,1.0\n", encoding="utf-8")  # an earlier hold's
+    locked = {csv_path, pending}
+    real_open, real_replace, real_unlink = Path.open, Path.replace, Path.unlink
+
+    def refusing_open(self, mode="r", *args, **kwargs):
+        if self in locked and "a" in mode:
+            raise PermissionError(13, "locked")
+        return real_open(self, mode, *args, **kwargs)
+
+    def refusing_replace(self, target):
+        if Path(target) in locked:
+            raise PermissionError(13, "locked")
+        return real_replace(self, target)
+
+    def refusing_unlink(self, missing_ok=False):
+        if self in locked:
+            raise PermissionError(13, "locked")
+        return real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "open", refusing_open)
+    monkeypatch.setattr(Path, "replace", refusing_replace)
+    monkeypatch.setattr(Path, "unlink", refusing_unlink)
+    with pytest.warns(RuntimeWarning, match="cannot be written now"):
+        logger.log(20, {"loss/x": 2.0})
+    locked.discard(csv_path)  # metrics.csv free again, the pending file still open
+    logger.log(30, {"loss/x": 3.0})
+    logger.close()
+    monkeypatch.undo()
+
+    def steps(path):
+        with path.open(newline="", encoding="utf-8") as f:
+            return [int(r["env_steps"]) for r in csv.DictReader(f)]
+
+    assert steps(csv_path) == [10, 20, 30] and steps(pending) == [10]  # (the stale one stayed)
+    MetricsLogger(tmp_path, False, None, {}, resume_step=30).close()
+    assert steps(csv_path) == [10, 20, 30]  # the resume took the file that goes further

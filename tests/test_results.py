@@ -578,3 +578,15 @@ def test_a_target_over_a_sweep_whose_newest_configuration_has_not_evaluated_yet(
     # the new configuration's row is the win rate's too, with no seed yet
     got = sorted((r.metric, r.seeds, r.reached) for r in rows)
     assert got == [(WIN_RATE, 0, 0), (WIN_RATE, 1, 1)]
+
+
+def test_a_grid_point_whose_seeds_all_diverged_before_evaluating_gets_its_row(tmp_path, capsys):
+    # It said "report again after the first evaluation", which never comes.
+    for seed in (1, 2):
+        d = _fake_run(tmp_path, seed, [], complete=False)
+        with (d / "metrics.csv").open("a", encoding="utf-8") as f:
+            f.write("500,5.0,-420.0,\n")  # training rows only
+        (d / "error.txt").write_text("TrainingDiverged: training diverged\n", encoding="utf-8")
+    assert main(["report", str(tmp_path), "--target", "-120"]) == 0
+    out = capsys.readouterr().out
+    assert "| 0 | 0 / 2 (2 diverged) |" in out and "| 0 / 2 |" in out

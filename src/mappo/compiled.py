@@ -461,7 +461,7 @@ without spending a compile on the same failure."""
 
 _TOOLCHAIN = re.compile(
     r"-fopenmp|omp\.h|unsupported option|unrecognized command.line option|command not found|"
-    r"cannot find -l|No such file or directory|not installed"
+    r"cannot find -l|cannot find '?ld|fatal error: [^:\n]*\.h: No such file"
 )
 """What a compiler says where the toolchain itself fails (no OpenMP for Apple's clang, a
 missing header or library), not the code: a build of inductor's own code that the compiler

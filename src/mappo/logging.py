@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -146,7 +147,7 @@ class MetricsLogger:
         self.pending = run_dir / PENDING_FILE
         self.columns: list[str] = []
         self.rows: list[dict[str, Any]] = []
-        source = self.pending if self.pending.exists() else self.path
+        source = _further(self.pending, self.path)
         if resume_step is not None and source.exists():
             self.columns, self.rows = _read_rows(source, resume_step)  # (checked, not yet cut)
         self.tb = None
@@ -199,9 +200,12 @@ class MetricsLogger:
         self._written()
 
     def _written(self) -> None:
-        """metrics.csv has every row again: the rows held beside it are not needed."""
+        """metrics.csv has every row again: the rows held beside it are not needed (a pending
+        file that cannot be removed, open elsewhere too, is left: a resume takes whichever of
+        the two goes further)."""
         if self.behind or self.pending.exists():
-            self.pending.unlink(missing_ok=True)
+            with contextlib.suppress(PermissionError):
+                self.pending.unlink(missing_ok=True)
         self.behind = False
 
     def _hold(self, err: PermissionError) -> None:
@@ -217,7 +221,10 @@ class MetricsLogger:
                 stacklevel=3,
             )
         self.behind = True
-        self._rewrite(self.pending)
+        # (a pending file open elsewhere as well: the rows stay in memory until one can be
+        # written; training goes on)
+        with contextlib.suppress(PermissionError):
+            self._rewrite(self.pending)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"env_steps": step, **metrics}
@@ -261,6 +268,26 @@ class MetricsLogger:
         if self.wandb is not None:
             self.wandb.finish(exit_code=exit_code)
             self.wandb = None
+
+
+def _further(pending: Path, path: Path) -> Path:
+    """Of a run's pending rows and its metrics.csv, the file whose last row is the later one
+    (the pending file where it holds rows metrics.csv lacks; metrics.csv where a stale pending
+    file could not be removed)."""
+    if not pending.exists():
+        return path
+    if not path.exists():
+        return pending
+    try:
+        last = [_last_step(p) for p in (pending, path)]
+    except (OSError, ValueError, KeyError, IndexError, csv.Error):
+        return path
+    return pending if last[0] > last[1] else path
+
+
+def _last_step(path: Path) -> float:
+    rows = list(csv.DictReader(io.StringIO(complete_rows(path), newline="")))
+    return float(rows[-1]["env_steps"]) if rows else -1.0
 
 
 PENDING_FILE = "metrics.pending.csv"

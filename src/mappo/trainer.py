@@ -1300,7 +1300,7 @@ def _run(
                         except TrainingDiverged as err:
                             diverged[k] = err
                     if diverged:
-                        raise _with_the_others(diverged, trainers)
+                        raise _with_the_others(diverged, trainers) from diverged[min(diverged)]
                     for t in trainers:
                         t.check_someone_alive()
                     signalled = trainers[0].stop_signal is not None

@@ -227,7 +227,8 @@ def report_rows(
                 target_seconds_max=max((t for _, t in reached), default=math.nan),
             )
         )
-    if rows and not any(row.seeds for row in rows):
+    if rows and not any(row.seeds for row in rows) and not any(row.failed for row in rows):
+        # (seeds that failed before any evaluation are a row's news, not an early report)
         raise not_evaluated(metric or default_metric([r for c in configs for r in c.runs]))
     return rows
 
@@ -322,7 +323,7 @@ def format_markdown(rows: list[ReportRow]) -> str:
         ]
         if targeted:
             cells += [
-                f"{r.reached} / {r.seeds}",
+                f"{r.reached} / {r.trained}",  # (a seed that failed has not reached it)
                 _steps(r.target_steps),
                 f"{_num(r.target_seconds, 0)} s, {_num(r.target_seconds_max, 0)} s"
                 if r.reached
