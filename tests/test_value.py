@@ -775,3 +775,25 @@ def test_a_value_algorithm_over_a_mappo_preset_names_its_own_preset() -> None:
         _warn_new_run(C.load("smac/3m_qmix"))  # the algorithm's own preset: nothing to say
         _warn_new_run(C.load("mpe/simple_spread"))  # (mpe/simple_spread_mappo is MAPPO's too)
         _warn_new_run(C.load("smac/3m_qmix_fast"))  # a QMIX preset of its own
+        _warn_new_run(C.load("lbf/8x8-2p-2f-coop_vdn"))
+    # an env named by its gymnasium id: the algorithm's preset is named after the preset
+    with pytest.warns(UserWarning, match="lbf/8x8-2p-2f-coop_vdn holds vdn's own for this task"):
+        _warn_new_run(C.load("lbf/8x8-2p-2f-coop", ["algo.name=vdn"]))
+
+
+def test_a_value_run_out_of_memory_is_told_to_lower_its_buffer(tmp_path, capsys, monkeypatch):
+    # (the replay buffer holds most of a value method's memory; the advice named the envs)
+    from mappo.cli import main
+    from mappo.learners.ppo import PPOLearner
+    from mappo.learners.value import ValueLearner
+
+    def allocation_failure(self, iteration, env_steps):
+        raise RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 3 GB")
+
+    monkeypatch.setattr(ValueLearner, "iterate", allocation_failure)
+    monkeypatch.setattr(PPOLearner, "iterate", allocation_failure)
+    argv = ["train", "mpe/simple_spread_qmix", "progress=false", f"run_dir={tmp_path}"]
+    assert main(argv) == 2
+    assert "lower algo.buffer_size" in capsys.readouterr().err
+    assert main(["train", "mpe/simple_spread_fast", "progress=false", f"run_dir={tmp_path}"]) == 2
+    assert "lower env.num_envs or eval_episodes" in capsys.readouterr().err

@@ -936,7 +936,20 @@ def _memory_fix(args: argparse.Namespace) -> str:
         return (
             f"lower the env parameters given ({' '.join(given)})" if given else "draw a smaller env"
         )
+    if _family(args) not in (None, "ppo"):  # (the replay buffer holds most of it)
+        return "lower algo.buffer_size, env.num_envs or eval_episodes"
     return "lower env.num_envs or eval_episodes"
+
+
+def _family(args: argparse.Namespace) -> str | None:
+    """The algorithm family of the run ``args`` trains or resumes, where it can be read."""
+    with contextlib.suppress(Exception):
+        resumed = [d for d in getattr(args, "resume", None) or [] if Path(d).is_dir()]
+        if resumed:
+            return config_mod.load(str(Path(resumed[0]) / "config.yaml")).family
+        if getattr(args, "config", None):
+            return config_mod.load(args.config, getattr(args, "overrides", None) or []).family
+    return None
 
 
 def _stdout_closed() -> bool:

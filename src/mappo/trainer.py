@@ -621,12 +621,16 @@ def _warn_new_run(cfg: TrainConfig) -> None:
             "trains in full; lower env.num_envs for a shorter run",
             stacklevel=3,
         )
-    own = f"{cfg.env.name}_{cfg.algo.name}"  # (a value method's preset: smac/3m_qmix)
+    # A value method's own preset: named after the env (smac/3m_qmix) or after the preset
+    # (lbf/8x8-2p-2f-coop_qmix, whose env is named by its gymnasium id)
+    presets = config_mod.list_presets()
+    candidates = [f"{name}_{cfg.algo.name}" for name in (cfg.env.name, cfg.preset) if name]
+    own = next((p for p in candidates if p in presets), None)
     value_family = cfg.algo.name != "mappo"  # (mpe/simple_spread_mappo is a MAPPO variant)
     if (
         value_family
         and cfg.preset
-        and own in config_mod.list_presets()
+        and own is not None
         and config_mod.load(cfg.preset).algo.name != cfg.algo.name  # (not smac/3m_qmix_fast)
     ):
         # A MAPPO preset's env and network settings (64 envs, no GRU) are not the ones the
