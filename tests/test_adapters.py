@@ -852,3 +852,50 @@ def test_terminations_at_the_episode_limit_are_the_truncation() -> None:
     for _ in range(3):
         out = env.step({"agent": torch.ones(1, 2, dtype=torch.int64)})
     assert bool(out.truncated) and not out.agent_terminated["agent"].any()
+
+
+def test_lbf_and_rware_draw_through_the_adapter(monkeypatch) -> None:
+    # The Tuple-space wrapper had no render(): `mappo eval RUN --gif` failed on every LBF and
+    # RWARE env. They draw with render(mode="rgb_array") through pyglet, which needs a display
+    # (none here): a frame is imitated, and a missing display is one line saying what to do.
+    pytest.importorskip("lbforaging")
+    from lbforaging.foraging.environment import ForagingEnv
+
+    asked = []
+
+    def drawn(self, mode="human"):
+        asked.append(mode)
+        return np.zeros((40, 30, 3), dtype=np.uint8)
+
+    monkeypatch.setattr(ForagingEnv, "render", drawn)
+    env = make("gymnasium:lbforaging:Foraging-8x8-2p-2f-v3", num_envs=2, num_workers=0)
+    env.reset(seed=1)
+    assert env.render(1).shape == (40, 30, 3) and asked == ["rgb_array"]
+
+    def no_display(self, mode="human"):
+        raise RuntimeError('NoSuchDisplayException: Cannot connect to "None"')
+
+    monkeypatch.setattr(ForagingEnv, "render", no_display)
+    with pytest.raises(EnvError, match="needs a display: .* run the command under xvfb-run"):
+        env.render(0)
+    env.close()
+
+
+def test_render_takes_a_preset_name_for_its_env(monkeypatch, tmp_path, capsys) -> None:
+    # `mappo render lbf/8x8-2p-2f-coop` said "unknown environment", though `mappo list` lists
+    # it (as a preset): its env is drawn, with the preset's env parameters.
+    pytest.importorskip("lbforaging")
+    import mappo.envs.registry
+    from mappo.cli import main
+
+    made = []
+
+    def record(name, **kwargs):
+        made.append((name, kwargs))
+        raise EnvError("stop here")
+
+    monkeypatch.setattr(mappo.envs.registry, "make", record)
+    assert main(["render", "lbf/8x8-2p-2f-coop", "--gif", str(tmp_path / "a.gif")]) == 2
+    ((name, kwargs),) = made
+    assert name == "gymnasium:lbforaging:Foraging-8x8-2p-2f-coop-v3"
+    assert "num_workers" not in kwargs and kwargs["num_envs"] == 1

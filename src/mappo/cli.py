@@ -433,7 +433,7 @@ def _check_gif_path(path: Path) -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from mappo.envs.registry import make
+    from mappo.envs.registry import list_envs, make
     from mappo.envs.rendering import record_episode, save_gif
 
     # the words after the env's name are its parameters, e.g. num_agents=4
@@ -450,7 +450,13 @@ def cmd_render(args: argparse.Namespace) -> int:
             f"record a trained run's policy use: mappo eval {shlex.quote(args.env)} --gif out.gif"
         )
     _check_gif_path(args.gif)
-    with make(args.env, num_envs=1, seed=args.seed, **kwargs) as env:
+    name = args.env
+    if ":" not in name and name not in {e.name for e in list_envs()}:
+        if name in config_mod.list_presets():  # (lbf/8x8-2p-2f-coop: a gymnasium id's env)
+            preset = config_mod.load(name)
+            name, kwargs = preset.env.name, {**preset.env.kwargs, **kwargs}
+            kwargs.pop("num_workers", None)  # (one env, drawn in this process)
+    with make(name, num_envs=1, seed=args.seed, **kwargs) as env:
         frames = record_episode(env, None, num_steps=args.steps)
     save_gif(frames, args.gif)
     # N steps draw N + 1 states; fewer frames mean the episode ended first

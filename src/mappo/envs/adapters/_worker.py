@@ -172,6 +172,18 @@ class TupleEnvAsParallel:
     def state(self) -> np.ndarray:
         raise NotImplementedError("Tuple-space Gymnasium envs define no global state")
 
+    def render(self) -> Any:
+        """The env drawn as an ``[H, W, 3]`` frame. The Tuple-space envs draw with the older
+        ``render(mode="rgb_array")`` (lbforaging advertises only ``human`` but returns the
+        frame; rware takes both); one with Gymnasium's ``render()`` is asked that way."""
+        render = self.env.unwrapped.render
+        try:
+            return render(mode="rgb_array")
+        except TypeError as err:
+            if "mode" not in str(err):
+                raise
+            return render()
+
     def close(self) -> None:
         self.env.close()
 

@@ -59,6 +59,7 @@ from mappo.envs.adapters.pool import (
     SharedBuffers,
     WorkerPool,
     default_start_method,
+    display_hint,
 )
 from mappo.envs.base import ActionSpec, BatchedEnv, EnvError, EnvSpec, EnvStep, GroupSpec
 from mappo.envs.importing import one_line, require_module
@@ -304,6 +305,7 @@ class ParallelEnvAdapter(BatchedEnv):
         except Exception as err:  # the same, in this process
             raise EnvError(
                 f"{self.name}: render() of copy {env_index} raised {one_line(err)}"
+                + display_hint(f"{type(err).__name__} {err}")
             ) from err
         if frame is None:
             raise NotImplementedError(

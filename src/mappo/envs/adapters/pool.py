@@ -105,6 +105,17 @@ def _release(arrays: dict[str, np.ndarray], shm: shared_memory.SharedMemory | No
         shm.unlink()
 
 
+def display_hint(error: str) -> str:
+    """Where an env's render() failed for want of a screen (pyglet's, which lbforaging and
+    rware draw with), how to give it one; else empty."""
+    if "display" not in error.lower():
+        return ""
+    return (
+        " (it draws in a window, which needs a display: on a machine without one run the "
+        "command under xvfb-run)"
+    )
+
+
 def default_start_method() -> str:
     """``forkserver`` where available (Linux and other POSIX systems), else ``spawn``; ``fork``
     is unsafe with torch. macOS gets ``spawn`` (its default since Python 3.8): the fork server
@@ -269,7 +280,7 @@ class WorkerPool:
                 raise NotImplementedError(info["message"])
             raise EnvError(
                 f"{self.env_name}: render() of copy {index} raised {info['type']}: "
-                f"{info['message']}"
+                f"{info['message']}" + display_hint(f"{info['type']} {info['message']}")
             )
         payload = reply[len(_worker.FRAME) :]
         return np.load(io.BytesIO(payload), allow_pickle=False) if payload else None
