@@ -899,3 +899,10 @@ def test_render_takes_a_preset_name_for_its_env(monkeypatch, tmp_path, capsys) -
     ((name, kwargs),) = made
     assert name == "gymnasium:lbforaging:Foraging-8x8-2p-2f-coop-v3"
     assert "num_workers" not in kwargs and kwargs["num_envs"] == 1
+
+
+def test_a_misspelt_adapter_option_is_named() -> None:
+    # env.kwargs.num_worker=2 reached the env, which refused it; the message blamed the env
+    pytest.importorskip("lbforaging")
+    with pytest.raises(EnvError, match="did you mean the adapter's option 'num_workers'"):
+        make("gymnasium:lbforaging:Foraging-8x8-2p-2f-v3", num_envs=1, num_worker=1)

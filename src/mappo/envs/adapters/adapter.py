@@ -41,6 +41,7 @@ observations come back to ``device`` once per step, as one copy per array.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 import re
@@ -364,10 +365,13 @@ class ParallelEnvAdapter(BatchedEnv):
         try:
             probe = _worker.make_env(factory, wrap)
         except TypeError as err:
-            raise EnvError(f"{self.name}: bad parameter for the environment: {err}") from err
+            raise EnvError(
+                f"{self.name}: bad parameter for the environment: {err}{_option_hint(err)}"
+            ) from err
         except Exception as err:
             raise EnvError(
                 f"{self.name}: could not create the environment: {type(err).__name__}: {err}"
+                f"{_option_hint(err)}"
             ) from err
         try:
             agents = list(getattr(probe, "possible_agents", []))
@@ -701,6 +705,14 @@ def make_gymnasium(
     return GymnasiumAdapter(
         target, num_envs, device, seed, env_kwargs=env_kwargs, name=name, **options
     )
+
+
+def _option_hint(err: Exception) -> str:
+    """Where the env refused a keyword argument that is a misspelt option of the adapter
+    (``num_worker``), the option meant; else empty."""
+    found = re.search(r"keyword argument '(\w+)'", str(err))
+    close = found and difflib.get_close_matches(found.group(1), sorted(ADAPTER_OPTIONS), n=1)
+    return f"; did you mean the adapter's option '{close[0]}'?" if close else ""
 
 
 def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
