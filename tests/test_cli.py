@@ -396,3 +396,11 @@ def test_a_full_disk_in_tensorboard_s_writer_thread_prints_no_traceback(capsys) 
     assert main(["list"]) == 0
     assert (threading.excepthook, warnings.showwarning) == before
     capsys.readouterr()
+
+
+def test_warnings_are_shown_without_terminal_colours(capsys):
+    # Gymnasium colours its warnings' text; on one line in a log the codes read as noise
+    from mappo.cli import _show_warning
+
+    _show_warning("\x1b[33mWARN: env.seed is deprecated\x1b[0m", UserWarning, "f.py", 1)
+    assert capsys.readouterr().err == "mappo: warning: WARN: env.seed is deprecated\n"

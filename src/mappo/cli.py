@@ -20,6 +20,7 @@ import functools
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import sys
@@ -971,7 +972,9 @@ def _stdout_closed() -> bool:
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
-    print("mappo: warning: " + " ".join(str(message).split()), file=sys.stderr)
+    # (without a library's terminal colours: Gymnasium colours its warnings' text)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(message))
+    print("mappo: warning: " + " ".join(text.split()), file=sys.stderr)
 
 
 def _quiet_writer_errors(
