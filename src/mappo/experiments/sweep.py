@@ -471,19 +471,20 @@ def _run_serial(units: list[list[Trial]], table: StatusTable, results: list[Tria
             for result in done:
                 table.set(result.id, result.status, result.error)
             results.extend(done)
-            stopped = next((r for r in done if r.status == "interrupted"), None)
-            if stopped is not None:
-                signum = signal.SIGTERM if "SIGTERM" in stopped.error else signal.SIGINT
-                raise SweepInterrupted(stopped.error, signum)
-            # A signal in a trial's last iteration let the trial finish; it still stops the
-            # sweep, as the "stopping after this iteration" it printed said.
-            late = next((r for r in done if r.stop_signal), None)
-            if late is not None and late.stop_signal is not None and unit is not units[-1]:
-                name = signal.Signals(late.stop_signal).name
-                raise SweepInterrupted(
-                    f"{name} came in the last iteration of {late.id}, which finished",
-                    late.stop_signal,
+            # (a signal in a trial's last iteration let the trial finish; it still stops the
+            # sweep, as the "stopping after this iteration" it printed said)
+            first = next((r for r in done if _signal_of(r)), None)
+            if first is None:
+                continue
+            stopped = any(r.status == "interrupted" for r in done)
+            if stopped or unit is not units[-1]:
+                name = _signal_of(first)
+                message = (
+                    first.error
+                    if first.status == "interrupted"
+                    else f"{name} came in the last iteration of {first.id}, which finished"
                 )
+                raise SweepInterrupted(message, getattr(signal, str(name)))
 
 
 def _ray_init(address: str | None) -> Any:
