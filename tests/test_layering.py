@@ -76,3 +76,27 @@ def test_parts_import_only_downward(part):
         if name.startswith(FORBIDDEN[part])
     ]
     assert not bad, bad
+
+
+def test_the_package_and_the_commands_help_load_without_torch():
+    """``import mappo`` and ``mappo --help`` answer without torch's import (seconds on a laptop);
+    the public names are there when asked for."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, contextlib, io\n"
+        "import mappo, mappo.cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.suppress(SystemExit):\n"
+        "    mappo.cli.main(['--help'])\n"
+        "assert 'train' in out.getvalue()\n"
+        "print('torch' in sys.modules)\n"
+        "names = [getattr(mappo, name) for name in mappo.__all__]\n"
+        "print('torch' in sys.modules, all(callable(n) for n in names))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "True", "True"]
+    import mappo
+
+    with pytest.raises(AttributeError, match="no attribute 'trian'"):
+        mappo.trian  # noqa: B018

@@ -4,12 +4,32 @@
 ``mappo.load_policy(path)`` loads a trained policy whose ``act(observations)`` gives actions.
 """
 
-from mappo.api import Policy, load_policy
-from mappo.config import TrainConfig
-from mappo.config import load as load_config
-from mappo.trainer import Run, resume, resume_seeds, train, train_seeds
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mappo.api import Policy, load_policy
+    from mappo.config import TrainConfig
+    from mappo.config import load as load_config
+    from mappo.trainer import Run, resume, resume_seeds, train, train_seeds
 
 __version__ = "0.1.0"
+
+# The public names and the modules that define them. They are imported on first use, so that
+# ``import mappo`` (and the command line's --help) does not wait for torch.
+_LAZY = {
+    "Policy": ("mappo.api", "Policy"),
+    "load_policy": ("mappo.api", "load_policy"),
+    "TrainConfig": ("mappo.config", "TrainConfig"),
+    "load_config": ("mappo.config", "load"),
+    "Run": ("mappo.trainer", "Run"),
+    "resume": ("mappo.trainer", "resume"),
+    "resume_seeds": ("mappo.trainer", "resume_seeds"),
+    "train": ("mappo.trainer", "train"),
+    "train_seeds": ("mappo.trainer", "train_seeds"),
+}
 
 __all__ = [
     "Policy",
@@ -22,3 +42,16 @@ __all__ = [
     "train",
     "train_seeds",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'mappo' has no attribute '{name}'")
+    module, attribute = _LAZY[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

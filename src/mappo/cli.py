@@ -31,10 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from mappo import config as config_mod
-from mappo.checkpoint import CheckpointError
-from mappo.envs.base import EnvError
-from mappo.experiments.runs import ResultsError
-from mappo.logging import MetricsError
 
 EXIT_USAGE = 2
 EXIT_DIVERGED = 3
@@ -223,6 +219,8 @@ def cmd_eval_scripted(args: argparse.Namespace) -> int:
             return {"players": moves[:, None, None].expand(-1, env.rules.players, 1)}
 
     else:
+        from mappo.envs.base import EnvError
+
         name = args.path.removeprefix("smac/")
         try:
             get_map(name)  # an unknown map is a one-line error naming the nearest one
@@ -405,6 +403,7 @@ def _check_same_spec(
     changed since training, or ``given``: parameters of the command line), in one line instead
     of a shape error deep in a network."""
     from mappo.data import spec_difference, spec_to_dict
+    from mappo.envs.base import EnvError
 
     problem = spec_difference(spec_to_dict(trained), env.spec, bounds=True)
     if problem is not None and given:
@@ -624,6 +623,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from mappo.experiments.report import FORMATS, marl_eval, report_rows
+    from mappo.experiments.runs import ResultsError
 
     configs, _ = _results(args)
     if args.window is not None and args.target is None:
@@ -990,10 +990,16 @@ def _quiet_writer_errors(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mappo.trainer import RunInterrupted, TrainingDiverged
-
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    # Imported after parsing, so that --help and a mistyped command answer without torch's
+    # import (two to three seconds on a laptop).
+    from mappo.checkpoint import CheckpointError
+    from mappo.envs.base import EnvError
+    from mappo.experiments.runs import ResultsError
+    from mappo.logging import MetricsError
+    from mappo.trainer import RunInterrupted, TrainingDiverged
+
     # KEY=VALUE words after an option (`--import my_envs env.name=...`) are the same
     # overrides as before it; argparse only takes positional words before the first option.
     words = next(
