@@ -190,6 +190,21 @@ def test_an_lbf_team_return_is_the_fraction_of_food_collected() -> None:
     assert (cut >= 0).all() and (cut <= 1 + 1e-5).all() and (cut < 1 - 1e-5).any()
 
 
+@pytest.mark.parametrize("limit", [20, 120])
+def test_max_episode_steps_sets_lbfs_own_step_limit(limit: int) -> None:
+    """``env.kwargs.max_episode_steps`` is LBF's own constructor argument: longer episodes than
+    the registered 50 as well as shorter ones (``gymnasium.make`` would keep the word for its
+    TimeLimit wrapper, and LBF ended every episode at 50 whatever was asked)."""
+    name = "gymnasium:lbforaging:Foraging-8x8-2p-2f-v3"
+    with make(name, num_envs=2, num_workers=0, max_episode_steps=limit) as env:
+        assert env.spec.episode_limit == limit
+        env.reset(seed=0)
+        still = torch.zeros(2, 2, 1, dtype=torch.long)  # no-ops: nothing is collected
+        for t in range(1, limit + 1):
+            step = env.step({"agent": still})
+            assert bool(step.truncated.all()) == (t == limit)
+
+
 # -- learning -----------------------------------------------------------------------------------
 def test_a_short_lbf_run_learns(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Foraging-8x8-2p-2f: random actions collect ~18% of the food (0.09 per agent); after 60k

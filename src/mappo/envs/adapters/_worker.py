@@ -84,10 +84,35 @@ def make_env(factory: Factory, wrap: str) -> Any:
 
         # Multi-agent Tuple envs return reward lists, which Gymnasium's single-agent checker
         # warns about on every make; the user can still ask for it explicitly.
-        env = gymnasium.make(target, **{"disable_env_checker": True, **kwargs})
+        env = gymnasium.make(
+            _own_step_limit(target, kwargs), **{"disable_env_checker": True, **kwargs}
+        )
     else:
         raise ValueError(f"unknown environment factory kind {kind!r}")
     return TupleEnvAsParallel(env) if wrap == "tuple" else env
+
+
+def _own_step_limit(target: str, kwargs: dict[str, Any]) -> Any:
+    """``target``, or its registered spec with ``max_episode_steps`` among the env's own keyword
+    arguments where the env takes one of that name (LBF: ``gymnasium.make`` keeps the word for
+    its own TimeLimit wrapper, and the env would still end every episode at its registered 50)."""
+    if "max_episode_steps" not in kwargs:
+        return target
+    import dataclasses
+
+    import gymnasium
+
+    module, _, env_id = target.rpartition(":")
+    if module:
+        importlib.import_module(module)
+    try:
+        spec = gymnasium.spec(env_id)
+    except gymnasium.error.Error:
+        return target  # gymnasium.make names the problem
+    if "max_episode_steps" not in spec.kwargs:
+        return target
+    own = {**spec.kwargs, "max_episode_steps": kwargs["max_episode_steps"]}
+    return dataclasses.replace(spec, kwargs=own)
 
 
 class TupleEnvAsParallel:
