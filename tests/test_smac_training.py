@@ -76,3 +76,71 @@ def test_state_critic_trains_without_the_agent_specific_state(tmp_path):
     metrics = trainer.iterate()
     assert trainer.env_steps == 240 and all(v == v for v in metrics.values())  # no NaN
     trainer.close()
+
+
+def test_a_resumed_battle_run_equals_one_never_stopped(tmp_path):
+    """Battles that end after the resume restart from the spare battles drawn before it (the
+    env's state holds them): a run resumed at a checkpoint learns what the run never stopped
+    learns, bit for bit (the resumed run's battles started from other positions)."""
+    from mappo.trainer import load_checkpoint, resume
+
+    over = {
+        "env.num_envs": 8,
+        "rollout_length": 30,
+        "total_env_steps": 8 * 30 * 4,
+        "checkpoint_interval": 2,
+        "algo.epochs": 1,
+        "eval_interval": 4,
+        "eval_episodes": 2,
+        "log_interval": 1,
+        "progress": False,
+        "threads": 1,
+        "seed": 3,
+    }
+    full = train("smac/3m_fast", {**over, "run_dir": str(tmp_path / "a")})
+    part = train("smac/3m_fast", {**over, "run_dir": str(tmp_path / "b")})
+    later = part.dir / "checkpoints" / "iter_00000004.pt"
+    env_state = load_checkpoint(later)["learner"]["collector"]["env"]["state"]
+    assert "spare_health" in env_state and "spare_age" in env_state
+    later.unlink()  # stopped after its checkpoint of iteration 2
+    resumed = resume(part.dir)
+    a, b = full.policy.state_dict(), resumed.policy.state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+    import csv
+
+    rows_a = list(csv.DictReader((full.dir / "metrics.csv").open(encoding="utf-8")))
+    rows_b = list(csv.DictReader((resumed.dir / "metrics.csv").open(encoding="utf-8")))
+    for column in ("train/episode_return", "train/battle_won", "train/episode_length"):
+        assert [r.get(column) for r in rows_a] == [r.get(column) for r in rows_b], column
+
+
+def test_the_spare_battles_go_with_the_env_state():
+    """get_state/set_state carry the battles that auto-resets restart from: an env set to
+    another's state (and generator state) ends and restarts its battles as that env does."""
+    from mappo.envs.registry import make
+
+    a = make("smac/3m", num_envs=4, seed=1)
+    b = make("smac/3m", num_envs=4, seed=2)
+    mask = a.reset(seed=1).action_mask["allies"]
+    b.reset(seed=2)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(5):  # (mid-way through a redraw period)
+        mask = a.step({"allies": _random_actions(mask, gen)}).action_mask["allies"]
+    b.set_state(a.get_state())
+    b.generator.set_state(a.generator.get_state())
+    ends = 0
+    for _ in range(130):  # past the 60-step limit: every battle ends and restarts
+        acts = _random_actions(mask, gen)
+        sa, sb = a.step({"allies": acts}), b.step({"allies": acts})
+        assert torch.equal(sa.obs["allies"], sb.obs["allies"])
+        assert torch.equal(sa.state, sb.state)
+        mask = sa.action_mask["allies"]
+        ends += int((sa.terminated | sa.truncated).sum())
+    assert ends >= 8
+
+
+def _random_actions(mask: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One allowed action per ally ``[E, n, 1]``, uniform over ``mask [E, n, A]``."""
+    picks = torch.multinomial(mask.flatten(0, 1).float(), 1, generator=gen)
+    return picks.view(*mask.shape[:2], 1)

@@ -96,6 +96,8 @@ STAT_NAMES = ("battle_won", "allies_killed", "enemies_killed", "damage_dealt")
 
 RESET_REDRAW = 8
 """Steps between redraws of the spare starting battles used by auto-resets (see ``_spare``)."""
+SPARE = "spare_"
+"""The prefix of the spare battle's keys in :meth:`SMACEnv.get_state`."""
 
 
 class SMACEnv(BatchedEnv):
@@ -379,13 +381,24 @@ class SMACEnv(BatchedEnv):
         it fired or healed (for rendering); ``t [E]`` steps into the episode;
         ``damage_dealt [E]`` health + shield the enemies lost so far. Units with zero health are
         dead; allies come first, then enemies.
+
+        The battle each env restarts from when its episode ends, drawn ahead of time, is there
+        too, under the same keys with ``spare_`` before them, with ``spare_age [E]`` (steps since
+        it was drawn, the same for every env): without it a run resumed from a checkpoint
+        restarted its battles from other positions than the run never stopped.
         """
-        return {k: v.clone() for k, v in self._s.items()}
+        state = {k: v.clone() for k, v in self._s.items()}
+        state.update({f"{SPARE}{k}": v.clone() for k, v in self._spare.items()})
+        state[f"{SPARE}age"] = torch.full(
+            (self.num_envs,), self._spare_age, dtype=torch.int64, device=self.device
+        )
+        return state
 
     def set_state(self, state: dict[str, Tensor], env_ids: Tensor | None = None) -> EnvStep:
         """Overwrite the given keys of :meth:`get_state` for envs ``env_ids`` (all when
         ``None``); keys left out keep their current values."""
-        unknown = set(state) - set(self._s)
+        spare_keys = {f"{SPARE}{k}" for k in self._spare} | {f"{SPARE}age"}
+        unknown = set(state) - set(self._s) - spare_keys
         if unknown:
             raise EnvError(
                 f"{self.name}: unknown state keys {sorted(unknown)}; expected some of "
@@ -396,7 +409,10 @@ class SMACEnv(BatchedEnv):
         else:
             ids = torch.as_tensor(env_ids, device=self.device, dtype=torch.int64).reshape(-1)
         for key, value in state.items():
-            cur = self._s[key]
+            if key == f"{SPARE}age":  # (one count for all envs: the largest given)
+                self._spare_age = int(torch.as_tensor(value).max())
+                continue
+            cur = self._spare[key[len(SPARE) :]] if key in spare_keys else self._s[key]
             value = torch.as_tensor(value, device=self.device, dtype=cur.dtype)
             expected = (len(ids), *cur.shape[1:])
             if tuple(value.shape) != expected:
@@ -406,6 +422,9 @@ class SMACEnv(BatchedEnv):
                 )
             cur[ids] = value
         self._s["health"].clamp_(min=0.0)
+        if spare_keys & set(state):
+            self._spare["health"].clamp_(min=0.0)
+            self._spare_view = self._observe(self._spare)
         return self._observe_now()
 
     # -- the contract -------------------------------------------------------------------------
