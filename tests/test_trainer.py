@@ -870,3 +870,91 @@ def test_phase_timings_wait_for_a_gpu(monkeypatch):
     assert waited == []
     clock(torch.device("cuda", 1))
     assert waited == [torch.device("cuda", 1)]
+
+
+def test_a_notebooks_loop_of_train_leaves_its_config_and_torch_settings_alone(tmp_path):
+    """What a notebook does between and around calls: ``train(base, overrides)`` in a loop over
+    one base config (each run gets its own overrides only, the base is not changed), inside
+    ``torch.no_grad()`` and with float64 as torch's default dtype (both left to the caller),
+    NumPy scalars as override values, a recurrent policy acting and evaluated afterwards."""
+    import numpy as np
+
+    base = mappo.load_config("mpe/simple_spread")
+    before = C.to_dict(base)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with torch.no_grad():
+            runs = [
+                train(base, {**TINY, "seed": seed, "run_dir": str(tmp_path / f"s{seed}")})
+                for seed in np.arange(1, 3)
+            ]
+            assert not torch.is_grad_enabled()
+        assert torch.get_default_dtype() == torch.float64
+        assert C.to_dict(base) == before
+        assert [r.config.seed for r in runs] == [1, 2] and runs[0].config is not base
+        assert all(isinstance(r.config.seed, int) for r in runs)
+        value = {k: v for k, v in TINY.items() if k != "algo.epochs"}
+        qmix = train(
+            base,
+            {
+                **value,
+                "algo.name": "qmix",
+                "algo.lr": np.float32(0.001),
+                "run_dir": str(tmp_path / "q"),
+            },
+        )
+        assert qmix.config.algo.name == "qmix" and C.to_dict(base) == before
+        policy = mappo.load_policy(runs[0].dir)
+        env = mappo.envs.make("mpe/simple_spread", num_envs=3, seed=0)
+        assert policy.act(env.reset(seed=0))["agents"].shape == (3, 3, 1)
+        result = policy.evaluate(episodes=4, seed=1)
+        assert torch.get_default_dtype() == torch.float64
+    finally:
+        torch.set_default_dtype(previous)
+    assert math.isfinite(result["eval_return_mean"]) and result["eval_episodes"] == 4
+    metrics = runs[0].metrics()
+    assert len(metrics["env_steps"]) >= 1 and metrics["env_steps"][-1] >= 300
+    assert "mpe/simple_spread" in repr(policy) and "rmappo" in repr(policy)
+
+
+def test_a_config_edited_in_code_is_converted_as_loading_converts_it(tmp_path):
+    """Values that loading converts (5.0 epochs, "8" episodes, compile: true) train as such
+    from a config edited in code, and every entry point takes the same forms of overrides."""
+    cfg = mappo.load_config(Path(C.PRESET_DIR) / "mpe/simple_spread.yaml", ("seed=3",))
+    assert cfg.seed == 3
+    cfg.algo.epochs = 1.0
+    cfg.eval_episodes = "2"
+    tiny = {k: v for k, v in TINY.items() if k not in ("algo.epochs", "eval_episodes")}
+    run = train(cfg, {**tiny, "run_dir": str(tmp_path / "run")})
+    assert run.config.algo.epochs == 1 and isinstance(run.config.algo.epochs, int)
+    assert run.config.eval_episodes == 2
+    assert cfg.algo.epochs == 1.0  # (the caller's object as it was)
+    for call in (
+        lambda: mappo.resume(run.dir, "total_env_steps=600"),
+        lambda: mappo.resume_seeds([run.dir], "total_env_steps=600"),
+        lambda: mappo.load_config("mpe/simple_spread", "seed=2"),
+    ):
+        with pytest.raises(TypeError, match="overrides are a dict"):
+            call()
+    with pytest.raises(TypeError, match="give a preset name or a YAML path, got int"):
+        mappo.load_config(5)
+    resumed = mappo.resume(run.dir, ("total_env_steps=1200",))
+    assert resumed.summary["env_steps"] >= 1200
+
+
+def test_the_package_reaches_its_subpackages_and_errors_by_attribute():
+    import subprocess
+
+    probe = (
+        "import mappo\n"
+        "env = mappo.envs.make('mpe/simple_spread', num_envs=2)\n"
+        "assert issubclass(mappo.ConfigError, ValueError) and mappo.RunInterrupted\n"
+        "assert 'envs' in dir(mappo) and 'importlib' not in dir(mappo)\n"
+        "try:\n"
+        "    mappo.nothing_here\n"
+        "except AttributeError as err:\n"
+        "    print(err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "module 'mappo' has no attribute 'nothing_here'"

@@ -11,15 +11,30 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mappo.api import Policy, load_policy
-    from mappo.config import TrainConfig
+    from mappo.checkpoint import CheckpointError
+    from mappo.config import ConfigError, TrainConfig
     from mappo.config import load as load_config
-    from mappo.trainer import Run, resume, resume_seeds, train, train_seeds
+    from mappo.envs.base import EnvError
+    from mappo.trainer import (
+        Run,
+        RunInterrupted,
+        TrainingDiverged,
+        resume,
+        resume_seeds,
+        train,
+        train_seeds,
+    )
 
 __version__ = "0.1.0"
 
 # The public names and the modules that define them. They are imported on first use, so that
 # ``import mappo`` (and the command line's --help) does not wait for torch.
 _LAZY = {
+    "CheckpointError": ("mappo.checkpoint", "CheckpointError"),
+    "ConfigError": ("mappo.config", "ConfigError"),
+    "EnvError": ("mappo.envs.base", "EnvError"),
+    "RunInterrupted": ("mappo.trainer", "RunInterrupted"),
+    "TrainingDiverged": ("mappo.trainer", "TrainingDiverged"),
     "Policy": ("mappo.api", "Policy"),
     "load_policy": ("mappo.api", "load_policy"),
     "TrainConfig": ("mappo.config", "TrainConfig"),
@@ -32,9 +47,14 @@ _LAZY = {
 }
 
 __all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "EnvError",
     "Policy",
     "Run",
+    "RunInterrupted",
     "TrainConfig",
+    "TrainingDiverged",
     "load_config",
     "load_policy",
     "resume",
@@ -45,13 +65,26 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
+    if name in _LAZY:
+        module, attribute = _LAZY[name]
+        value = getattr(importlib.import_module(module), attribute)
+    elif not name.startswith("_"):
+        # A subpackage (mappo.envs, mappo.evaluation...), as after an import of it.
+        try:
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module 'mappo' has no attribute '{name}'") from None
+    else:
         raise AttributeError(f"module 'mappo' has no attribute '{name}'")
-    module, attribute = _LAZY[name]
-    value = getattr(importlib.import_module(module), attribute)
     globals()[name] = value  # later lookups skip this function
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+    return sorted(
+        {*__all__, "__version__"}
+        | {n for n in globals() if not n.startswith("_")}
+        - {"Any", "TYPE_CHECKING", "annotations", "importlib"}
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,7 +15,7 @@ from torch import Tensor
 from mappo import config as config_mod
 from mappo.acting import Acting, act
 from mappo.checkpoint import CheckpointError, load_checkpoint, load_latest
-from mappo.data import EnvSpec, EnvStep, spec_from_dict
+from mappo.data import EnvSpec, EnvStep, library_defaults, spec_from_dict
 from mappo.learners import build_networks
 
 
@@ -49,9 +50,54 @@ class Policy:
         """The env steps its run had trained when the checkpoint was saved, where known."""
         self._states: dict[str, Tensor] | None = None
 
+    def __repr__(self) -> str:
+        groups = ", ".join(f"{name}: {g.num_agents}" for name, g in self.spec.groups.items())
+        trained = f", {self.env_steps:,} env steps" if self.env_steps is not None else ""
+        return (
+            f"Policy({self.config.algo_name} on {self.config.env.name}, agents {{{groups}}}"
+            f"{trained}, {self.device})"
+        )
+
     def reset(self) -> None:
         """Forget the recurrent state (the next ``act`` starts new episodes)."""
         self._states = None
+
+    def evaluate(
+        self,
+        episodes: int = 100,
+        seed: int = 0,
+        deterministic: bool = True,
+        generator: torch.Generator | None = None,
+        **env_kwargs: Any,
+    ) -> dict[str, float]:
+        """One episode in each of ``episodes`` copies of the run's env (its name and keyword
+        arguments from the run's config, ``env_kwargs`` replacing some of them), played greedily
+        (sampled with ``deterministic=False``, from ``generator``): the mean and standard
+        deviation of the per-agent episode return (``eval_return_mean``, ``eval_return_std``)
+        and the mean of each episode statistic, what ``mappo eval RUN`` prints. The recurrent
+        state kept for :meth:`act` is left as it was."""
+        from mappo.envs.registry import fit_workers, make
+        from mappo.evaluation import evaluate
+        from mappo.trainer import check_evaluation_memory
+
+        if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
+            raise ValueError(f"episodes must be a positive integer, got {episodes!r}")
+        name = self.config.env.name
+        kwargs = {**self.config.env.kwargs, **env_kwargs}
+        env_cfg = dataclasses.replace(self.config.env, kwargs=kwargs)
+        cfg = dataclasses.replace(self.config, env=env_cfg)
+        check_evaluation_memory(cfg, episodes, self.device)
+        with library_defaults():  # (the env's float32 observations, whatever the caller's)
+            env = make(
+                name,
+                num_envs=episodes,
+                device=self.device,
+                seed=seed,
+                **fit_workers(kwargs, episodes),
+            )
+        with env, library_defaults():
+            check_same_spec(self.spec, env, name, str(self.checkpoint or "the policy"), env_kwargs)
+            return evaluate(self.model, env, seed, deterministic, generator)
 
     @torch.no_grad()
     def act(
@@ -174,6 +220,29 @@ class Policy:
         return {name: a[0] if single else a for name, a in acted.env_actions.items()}
 
 
+def check_same_spec(
+    trained: EnvSpec, env: Any, name: str, path: str, given: dict[str, Any] | None = None
+) -> None:
+    """Refuse an env whose spec no longer fits the run's networks (its code or parameters
+    changed since training, or ``given``: parameters of the caller's), in one line instead
+    of a shape error deep in a network."""
+    from mappo.data import spec_difference, spec_to_dict
+    from mappo.envs.base import EnvError
+
+    problem = spec_difference(spec_to_dict(trained), env.spec, bounds=True)
+    if problem is not None and given:
+        words = " ".join(f"{k}={v}" for k, v in given.items())
+        raise EnvError(
+            f"the env '{name}' with {words} does not fit the networks of '{path}' ({problem}); "
+            "drop the parameters that change what the agents observe or do"
+        )
+    if problem is not None:
+        raise EnvError(
+            f"the env '{name}' is not the one '{path}' was trained on ({problem}); "
+            "evaluate with the env's code and parameters of the training"
+        )
+
+
 def _usable_mask(
     group: str,
     mask: Tensor,
@@ -258,7 +327,7 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Policy:
     except (KeyError, TypeError, ValueError) as err:  # ConfigError is a ValueError
         raise CheckpointError(f"'{path}' has no usable config or env spec: {err}") from None
     dev = config_mod.check_device(str(device))
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), library_defaults():  # (float32 networks)
         model = build_networks(spec, cfg)
     try:
         model.load_state_dict(ckpt["learner"]["policy"])

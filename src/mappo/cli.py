@@ -295,7 +295,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _eval_saved(args: argparse.Namespace) -> int:
-    from mappo.api import load_policy
+    from mappo.api import check_same_spec, load_policy
     from mappo.envs.registry import fit_workers, make
     from mappo.envs.rendering import record_episode, render_frame, save_gif
     from mappo.evaluation import evaluate
@@ -331,7 +331,7 @@ def _eval_saved(args: argparse.Namespace) -> int:
             **fit_workers(cfg.env.kwargs, args.episodes),
         )
         with env:
-            _check_same_spec(policy.spec, env, cfg.env.name, args.path, given)
+            check_same_spec(policy.spec, env, cfg.env.name, args.path, given)
             result = evaluate(
                 policy.model,
                 env,
@@ -394,29 +394,6 @@ def _env_parameters(
             f"env parameter '{bad[0].lstrip('.')}' is {bad[1]}; env parameters must be finite"
         )
     return out
-
-
-def _check_same_spec(
-    trained: Any, env: Any, name: str, path: str, given: dict[str, Any] | None = None
-) -> None:
-    """Refuse an env whose spec no longer fits the run's networks (its code or parameters
-    changed since training, or ``given``: parameters of the command line), in one line instead
-    of a shape error deep in a network."""
-    from mappo.data import spec_difference, spec_to_dict
-    from mappo.envs.base import EnvError
-
-    problem = spec_difference(spec_to_dict(trained), env.spec, bounds=True)
-    if problem is not None and given:
-        words = " ".join(f"{k}={v}" for k, v in given.items())
-        raise EnvError(
-            f"the env '{name}' with {words} does not fit the networks of '{path}' ({problem}); "
-            "drop the parameters that change what the agents observe or do"
-        )
-    if problem is not None:
-        raise EnvError(
-            f"the env '{name}' is not the one '{path}' was trained on ({problem}); "
-            "evaluate with the env's code and parameters of the training"
-        )
 
 
 def _check_gif_path(path: Path) -> None:
@@ -993,12 +970,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # Imported after parsing, so that --help and a mistyped command answer without torch's
-    # import (two to three seconds on a laptop).
-    from mappo.checkpoint import CheckpointError
-    from mappo.envs.base import EnvError
-    from mappo.experiments.runs import ResultsError
-    from mappo.logging import MetricsError
-    from mappo.trainer import RunInterrupted, TrainingDiverged
+    # import (two to three seconds on a laptop); Ctrl-C during it is a stop like any other.
+    try:
+        from mappo.checkpoint import CheckpointError
+        from mappo.envs.base import EnvError
+        from mappo.experiments.runs import ResultsError
+        from mappo.logging import MetricsError
+        from mappo.trainer import RunInterrupted, TrainingDiverged
+    except KeyboardInterrupt:
+        print("mappo: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
 
     # KEY=VALUE words after an option (`--import my_envs env.name=...`) are the same
     # overrides as before it; argparse only takes positional words before the first option.

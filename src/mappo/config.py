@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -488,6 +489,8 @@ def _coerce(key: str, value: Any, cfg: TrainConfig) -> Any:
     def fail(expected: str) -> ConfigError:
         return ConfigError(f"config field '{key}' must be {expected}, got {value!r}")
 
+    value = _plain(value)
+
     if hint is bool:
         if not isinstance(value, bool):
             raise fail("true or false")
@@ -960,7 +963,7 @@ def _load_layers(
 
 
 def load(
-    source: str | None = None,
+    source: str | os.PathLike[str] | None = None,
     overrides: list[str] | dict[str, Any] | None = None,
     refuse_unread: bool = True,
 ) -> TrainConfig:
@@ -972,6 +975,10 @@ def load(
     the run is no longer the preset's (``preset`` is cleared). A layer (a YAML file over its
     ``base``, or the overrides) that names an env of another family (:func:`env_family`) gives
     it only the keyword arguments that layer names, not those before it (:func:`_apply_layer`)."""
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if source is not None and not isinstance(source, str):
+        raise TypeError(f"give a preset name or a YAML path, got {type(source).__name__}")
     if source and Path(source).name.startswith("_") and (PRESET_DIR / f"{source}.yaml").is_file():
         # Files starting with '_' hold settings shared by presets; they name no env of their own.
         raise ConfigError(
@@ -999,7 +1006,7 @@ def load(
         if not source.endswith((".yaml", ".yml")) and not Path(source).is_file():
             cfg.preset = source
     env_name = cfg.env.name
-    values = (parse_overrides(overrides) if isinstance(overrides, list) else overrides) or {}
+    values = override_values(overrides)
     _apply_layer(cfg, values, named)
     if cfg.env.name != env_name:  # a preset used as a template for another env is not that task
         cfg.preset = ""
@@ -1147,6 +1154,33 @@ def env_family(name: str) -> str:
     if ":" in name:
         return ":".join(name.split(":")[:2])
     return name if name.startswith("vmas/") else name.split("/", 1)[0]
+
+
+def _plain(value: Any) -> Any:
+    """NumPy's and torch's scalars (``np.int64`` from ``np.arange``, ``np.float32``) as Python's
+    numbers, in lists too; other values as they are."""
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if not isinstance(value, bool | int | float | str) and getattr(value, "shape", None) == ():
+        item = getattr(value, "item", None)
+        if callable(item):
+            return item()
+    return value
+
+
+def override_values(overrides: Any) -> dict[str, Any]:
+    """Overrides given from Python as the dict of dotted keys they are, or a list (or tuple) of
+    ``KEY=VALUE`` words parsed; ``{}`` for None. Anything else is a TypeError naming the forms."""
+    if overrides is None:
+        return {}
+    if isinstance(overrides, dict):
+        return overrides
+    if isinstance(overrides, list | tuple) and all(isinstance(w, str) for w in overrides):
+        return parse_overrides(list(overrides))
+    raise TypeError(
+        "overrides are a dict ({'algo.epochs': 5}) or a list (['algo.epochs=5']), got "
+        f"{type(overrides).__name__}"
+    )
 
 
 def parse_overrides(items: list[str], example: str = "algo.epochs=5") -> dict[str, Any]:

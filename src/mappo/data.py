@@ -12,6 +12,7 @@ action).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,23 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+
+@contextlib.contextmanager
+def library_defaults() -> Iterator[None]:
+    """Torch's global settings that the library's code is written for, whatever the caller's:
+    float32 as the default dtype (networks, states and stored rollouts are float32; a notebook
+    that set float64 for its own work built float64 networks that met float32 batches) and
+    gradients enabled (a training call inside ``torch.no_grad()`` had none for its update). The
+    caller's settings come back afterwards."""
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        with torch.enable_grad():
+            yield
+    finally:
+        torch.set_default_dtype(dtype)
+
 
 # -- the environment spec and the step record -------------------------------------------------
 

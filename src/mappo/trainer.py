@@ -37,7 +37,7 @@ from mappo.checkpoint import (  # noqa: F401 - re-exported: part of the trainer'
     tidy_for_resume,
 )
 from mappo.config import TrainConfig
-from mappo.data import spec_difference, spec_to_dict
+from mappo.data import library_defaults, spec_difference, spec_to_dict
 from mappo.envs.base import BatchedEnv, EnvError
 from mappo.envs.registry import (
     copy_bytes,
@@ -108,6 +108,15 @@ class Run:
     stop_signal: int | None = None
     """A stop signal (SIGINT, SIGTERM) that came in the run's last iteration: the run finished
     anyway, but a caller with more to run (a sweep's next trial) should stop too."""
+
+    def metrics(self) -> dict[str, Any]:
+        """The run's ``metrics.csv`` read back: each column as a float array ``[rows]``, NaN
+        where a row has no value (``pandas.DataFrame(run.metrics())`` makes a table of it)."""
+        from mappo.experiments.runs import read_run
+
+        if not (self.dir / "metrics.csv").is_file():  # stopped before its first logged row
+            return {}
+        return read_run(self.dir).columns
 
     def load_policy(self, device: str | torch.device = "cpu") -> Any:
         """The run's policy to act with, a :class:`mappo.Policy` (``act(observations)``): its
@@ -587,27 +596,31 @@ def train(
     ``cfg`` is a :class:`TrainConfig`, a preset name or a YAML path; ``overrides`` are
     ``KEY=VALUE`` strings or a dict of keys to values. Returns the :class:`Run`.
     """
-    cfg = _load(cfg, overrides)
-    if cfg.num_seeds > 1:
-        raise config_mod.ConfigError(
-            f"num_seeds={cfg.num_seeds} trains several runs; call mappo.train_seeds (which "
-            "returns one Run per seed), or set num_seeds=1"
-        )
-    if run_dir is not None:
-        _check_unused(Path(run_dir))
-    trainer = Trainer(cfg)
-    _warn_new_run(cfg)  # (once the env is made: a config refused there has no use for it)
-    _warn_continuous_options(cfg, trainer.env)
-    try:
-        path = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
-        trainer.caller_folder = run_dir is not None and path.is_dir()
-        path.mkdir(parents=True, exist_ok=True)
-    except BaseException:
-        trainer.close()
-        raise
-    trainer.run_dir = path
-    return _run([trainer], lambda: [trainer.learner.iterate(trainer.iteration, trainer.env_steps)],
-                [None])[0]  # fmt: skip
+    with library_defaults():  # (the caller's torch settings come back after)
+        cfg = _load(cfg, overrides)
+        if cfg.num_seeds > 1:
+            raise config_mod.ConfigError(
+                f"num_seeds={cfg.num_seeds} trains several runs; call mappo.train_seeds (which "
+                "returns one Run per seed), or set num_seeds=1"
+            )
+        if run_dir is not None:
+            _check_unused(Path(run_dir))
+        trainer = Trainer(cfg)
+        _warn_new_run(cfg)  # (once the env is made: a config refused there has no use for it)
+        _warn_continuous_options(cfg, trainer.env)
+        try:
+            path = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
+            trainer.caller_folder = run_dir is not None and path.is_dir()
+            path.mkdir(parents=True, exist_ok=True)
+        except BaseException:
+            trainer.close()
+            raise
+        trainer.run_dir = path
+        return _run(
+            [trainer],
+            lambda: [trainer.learner.iterate(trainer.iteration, trainer.env_steps)],
+            [None],
+        )[0]
 
 
 def _warn_new_run(cfg: TrainConfig) -> None:
@@ -693,26 +706,18 @@ def _load(cfg: TrainConfig | str, overrides: list[str] | dict[str, Any] | None) 
         raise TypeError(
             f"give a preset name, a YAML path or a TrainConfig, got {type(cfg).__name__}"
         )
-    if overrides is not None and not isinstance(overrides, list | tuple | dict):
-        raise TypeError(
-            "overrides are a dict ({'algo.epochs': 5}) or a list (['algo.epochs=5']), got "
-            f"{type(overrides).__name__}"
-        )
-    if isinstance(overrides, tuple):
-        overrides = list(overrides)
+    values = config_mod.override_values(overrides)
     if isinstance(cfg, os.PathLike):
         cfg = os.fspath(cfg)
     if isinstance(cfg, str):
-        return config_mod.load(cfg, overrides)
-    if overrides:
-        return config_mod.apply(
-            cfg, config_mod.parse_overrides(overrides) if isinstance(overrides, list) else overrides
-        )
-    # Each field's own range and type too (a config built or edited in code has met none of
-    # the checks that loading and overrides apply: total_env_steps=-5 trained 0 steps).
-    config_mod.apply(config_mod.TrainConfig(), config_mod.to_dict(cfg))
-    config_mod.check(cfg)
-    return cfg
+        return config_mod.load(cfg, values)
+    # A copy of the caller's config, each field checked against its own range and type and
+    # converted as loading converts it (a config edited in code has met none of those checks:
+    # total_env_steps=-5 trained 0 steps, algo.epochs=5.0 failed inside the first update). The
+    # caller's object stays as it was, so that a notebook's loop of train(base, overrides)
+    # starts from the same config each time.
+    copy = config_mod.apply(config_mod.TrainConfig(), config_mod.to_dict(cfg))
+    return config_mod.apply(copy, values) if values else copy
 
 
 def train_seeds(
@@ -721,39 +726,41 @@ def train_seeds(
     """Train seeds ``seed .. seed + num_seeds - 1`` of one configuration at once, in one process
     (:mod:`mappo.learners.seeds`); returns one :class:`Run` per seed, each with its own run
     directory (a single run's, resumable alone or together with :func:`resume_seeds`)."""
-    cfg = _load(cfg, overrides)
-    n = cfg.num_seeds
-    if cfg.seed + n - 1 > 2**32 - 1:
-        raise config_mod.ConfigError(
-            f"seeds {cfg.seed} .. {cfg.seed + n - 1} exceed 2**32 - 1; lower seed or num_seeds"
-        )
-    cfgs = [dataclasses.replace(cfg, seed=cfg.seed + k, num_seeds=1) for k in range(n)]
-    _warn_new_run(cfg)
-    return _run_stacked(cfgs, checkpoints=None)
+    with library_defaults():  # (the caller's torch settings come back after)
+        cfg = _load(cfg, overrides)
+        n = cfg.num_seeds
+        if cfg.seed + n - 1 > 2**32 - 1:
+            raise config_mod.ConfigError(
+                f"seeds {cfg.seed} .. {cfg.seed + n - 1} exceed 2**32 - 1; lower seed or num_seeds"
+            )
+        cfgs = [dataclasses.replace(cfg, seed=cfg.seed + k, num_seeds=1) for k in range(n)]
+        _warn_new_run(cfg)
+        return _run_stacked(cfgs, checkpoints=None)
 
 
 def train_stacked(cfgs: list[TrainConfig], run_dirs: list[str | Path]) -> list[Run]:
     """Train runs that differ only in their seed (any seeds, e.g. a sweep's ``[1, 5, 9]``)
     together in one process, as :func:`train_seeds` does, seed ``cfgs[k].seed`` into
     ``run_dirs[k]``; returns one :class:`Run` per config."""
-    if not cfgs or len(cfgs) != len(run_dirs):
-        raise config_mod.ConfigError("give one run directory per config (and at least one)")
-    paths = [Path(d) for d in run_dirs]
-    if len({p.resolve() for p in paths}) < len(paths):
-        raise config_mod.ConfigError("a run directory is given twice; give each seed its own")
-    _check_stackable(cfgs, [str(p) for p in paths])
-    _warn_new_run(cfgs[0])
-    for p in paths:
-        _check_unused(p)
-    existed = [p.is_dir() for p in paths]
-    for p in paths:
-        p.mkdir(parents=True, exist_ok=True)
-    return _run_stacked(
-        [dataclasses.replace(c, num_seeds=1) for c in cfgs],
-        checkpoints=None,
-        run_dirs=paths,
-        caller_folders=existed,
-    )
+    with library_defaults():  # (the caller's torch settings come back after)
+        if not cfgs or len(cfgs) != len(run_dirs):
+            raise config_mod.ConfigError("give one run directory per config (and at least one)")
+        paths = [Path(d) for d in run_dirs]
+        if len({p.resolve() for p in paths}) < len(paths):
+            raise config_mod.ConfigError("a run directory is given twice; give each seed its own")
+        _check_stackable(cfgs, [str(p) for p in paths])
+        _warn_new_run(cfgs[0])
+        for p in paths:
+            _check_unused(p)
+        existed = [p.is_dir() for p in paths]
+        for p in paths:
+            p.mkdir(parents=True, exist_ok=True)
+        return _run_stacked(
+            [dataclasses.replace(c, num_seeds=1) for c in cfgs],
+            checkpoints=None,
+            run_dirs=paths,
+            caller_folders=existed,
+        )
 
 
 def _check_stackable(cfgs: list[TrainConfig], names: list[str]) -> None:
@@ -847,26 +854,27 @@ def resume(run_dir: str | Path, overrides: list[str] | dict[str, Any] | None = N
     ``overrides`` may change what the saved state does not depend on (``total_env_steps``,
     learning rates, intervals...); they are recorded in the run's ``config.yaml``. Nothing in
     the run directory is written before every check has passed."""
-    path = Path(run_dir)
-    # The env's name comes from the run's files: a name that imports a module needs the user's
-    # trust in it (mappo.envs.registry.from_saved).
-    with hold_lock(_existing(path)), from_saved(str(path)):
-        newest, ckpt, cfg = _resumable(path, overrides)
-        if cfg.num_seeds > 1:
-            raise config_mod.ConfigError(
-                "num_seeds cannot be set when resuming one run; give several run directories "
-                "to resume seeds together"
-            )
-        trainer = Trainer(cfg, checkpoint=ckpt)
-        trainer.run_dir = path
-        trainer.last_checkpoint = newest
-        tidy_for_resume(path, newest)
-        return _run(
-            [trainer],
-            lambda: [trainer.learner.iterate(trainer.iteration, trainer.env_steps)],
-            [trainer.env_steps],
-            locked=True,
-        )[0]
+    with library_defaults():  # (the caller's torch settings come back after)
+        path = Path(run_dir)
+        # The env's name comes from the run's files: a name that imports a module needs the user's
+        # trust in it (mappo.envs.registry.from_saved).
+        with hold_lock(_existing(path)), from_saved(str(path)):
+            newest, ckpt, cfg = _resumable(path, overrides)
+            if cfg.num_seeds > 1:
+                raise config_mod.ConfigError(
+                    "num_seeds cannot be set when resuming one run; give several run directories "
+                    "to resume seeds together"
+                )
+            trainer = Trainer(cfg, checkpoint=ckpt)
+            trainer.run_dir = path
+            trainer.last_checkpoint = newest
+            tidy_for_resume(path, newest)
+            return _run(
+                [trainer],
+                lambda: [trainer.learner.iterate(trainer.iteration, trainer.env_steps)],
+                [trainer.env_steps],
+                locked=True,
+            )[0]
 
 
 def resume_seeds(
@@ -875,31 +883,32 @@ def resume_seeds(
     """Continue several seeds of one configuration together in one process (as
     :func:`train_seeds` trains them); they must be at the same iteration. ``overrides`` apply to
     every seed, as in :func:`resume`."""
-    paths = [Path(d) for d in run_dirs]
-    if len({p.resolve() for p in paths}) < len(paths):
-        raise config_mod.ConfigError("a run directory is given twice; give each seed's once")
-    with contextlib.ExitStack() as locks:
-        for p in paths:
-            locks.enter_context(hold_lock(_existing(p)))
-        locks.enter_context(from_saved(str(paths[0])))  # as in resume()
-        found = [_resumable(p, overrides) for p in paths]
-        cfgs = [cfg for _, _, cfg in found]
-        if any(c.num_seeds > 1 for c in cfgs):  # (as resume() refuses it for one run)
-            raise config_mod.ConfigError(
-                "num_seeds cannot be set when resuming; the run directories given are the "
-                "seeds that resume together"
+    with library_defaults():  # (the caller's torch settings come back after)
+        paths = [Path(d) for d in run_dirs]
+        if len({p.resolve() for p in paths}) < len(paths):
+            raise config_mod.ConfigError("a run directory is given twice; give each seed's once")
+        with contextlib.ExitStack() as locks:
+            for p in paths:
+                locks.enter_context(hold_lock(_existing(p)))
+            locks.enter_context(from_saved(str(paths[0])))  # as in resume()
+            found = [_resumable(p, overrides) for p in paths]
+            cfgs = [cfg for _, _, cfg in found]
+            if any(c.num_seeds > 1 for c in cfgs):  # (as resume() refuses it for one run)
+                raise config_mod.ConfigError(
+                    "num_seeds cannot be set when resuming; the run directories given are the "
+                    "seeds that resume together"
+                )
+            _check_stackable(cfgs, [str(p) for p in paths])
+            iterations = sorted({int(ckpt["progress"]["iteration"]) for _, ckpt, _ in found})
+            if len(iterations) > 1:
+                raise config_mod.ConfigError(
+                    f"the runs' newest checkpoints are at different iterations {iterations}; "
+                    "resume them separately, or each to the same iteration first"
+                )
+            return _run_stacked(
+                [dataclasses.replace(c, num_seeds=1) for c in cfgs],
+                [(p, newest, ckpt) for p, (newest, ckpt, _) in zip(paths, found, strict=True)],
             )
-        _check_stackable(cfgs, [str(p) for p in paths])
-        iterations = sorted({int(ckpt["progress"]["iteration"]) for _, ckpt, _ in found})
-        if len(iterations) > 1:
-            raise config_mod.ConfigError(
-                f"the runs' newest checkpoints are at different iterations {iterations}; resume "
-                "them separately, or each to the same iteration first"
-            )
-        return _run_stacked(
-            [dataclasses.replace(c, num_seeds=1) for c in cfgs],
-            [(p, newest, ckpt) for p, (newest, ckpt, _) in zip(paths, found, strict=True)],
-        )
 
 
 def _existing(path: Path) -> Path:
@@ -931,12 +940,10 @@ def _resumable(
         )
     saved = config_mod.from_dict(ckpt["config"])
     cfg = config_mod.from_dict(ckpt["config"])
-    if overrides:
-        cfg = config_mod.apply(
-            cfg,
-            config_mod.parse_overrides(overrides) if isinstance(overrides, list) else overrides,
-            saved=True,  # (what the newer checks cover cannot change on resume)
-        )
+    values = config_mod.override_values(overrides)
+    if values:
+        # (saved: what the newer checks cover cannot change on resume)
+        cfg = config_mod.apply(cfg, values, saved=True)
     _check_resumable(saved, cfg)
     config_mod.check_logging(cfg)
     if differs is not None:

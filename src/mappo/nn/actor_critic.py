@@ -7,6 +7,7 @@ critic copies (1 when every agent of the group would feed the critic the same in
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from dataclasses import dataclass
 
@@ -324,13 +325,15 @@ class ActorCritic(nn.Module):
     def initial_states(
         self, batch: int, device: torch.device
     ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """Zero recurrent states ``[batch, n, S]`` (actors) and ``[batch, C, S]`` (critics)."""
+        """Zero recurrent states ``[batch, n, S]`` (actors) and ``[batch, C, S]`` (critics),
+        float32 as the rollout stores them (whatever torch's default dtype)."""
+        zeros = functools.partial(torch.zeros, dtype=torch.float32, device=device)
         actor = {
-            name: torch.zeros(batch, self.spec.groups[name].num_agents, a.state_size, device=device)
+            name: zeros(batch, self.spec.groups[name].num_agents, a.state_size)
             for name, a in self.actors.items()
         }
         critic = {
-            name: torch.zeros(batch, self.critic_inputs[name].copies, c.state_size, device=device)
+            name: zeros(batch, self.critic_inputs[name].copies, c.state_size)
             for name, c in self.critics.items()
         }
         return actor, critic
