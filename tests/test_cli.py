@@ -109,6 +109,27 @@ def test_eval_with_env_parameters_of_the_command_line(trained, tmp_path, capsys)
     assert code == 2 and "use --episodes N" in err
 
 
+def test_eval_draws_a_gif_of_a_pettingzoo_env_that_writes_text(tmp_path, capsys):
+    """mpe2's speaker-listener draws its messages as text; closing another copy of it quits
+    pygame's fonts, so the GIF's env must not be open while the evaluation's env is closed."""
+    pytest.importorskip("mpe2")
+    run_dir = tmp_path / "runs"
+    code, _, _ = _run(
+        capsys, "train", "pettingzoo/simple_spread",
+        "env.name=pettingzoo:mpe2.simple_speaker_listener_v4", "env.kwargs.num_workers=0",
+        *TINY, "threads=1", f"run_dir={run_dir}",
+    )  # fmt: skip
+    assert code == 0
+    (trained,) = run_dir.glob("*/*/*/*_seed1")
+    gif = tmp_path / "sl.gif"
+    code, out, err = _run(
+        capsys, "eval", str(trained), "--episodes", "2", "--gif", str(gif),
+        "render_mode=rgb_array",
+    )  # fmt: skip
+    assert code == 0, err
+    assert "wrote 25 frames" in out and gif.stat().st_size > 0
+
+
 def test_list_shows_presets_envs_and_keys(capsys):
     code, out, _ = _run(capsys, "list")
     assert code == 0

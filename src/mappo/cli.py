@@ -310,51 +310,55 @@ def _eval_saved(args: argparse.Namespace) -> int:
     cfg = policy.config
     cfg.env.kwargs = {**cfg.env.kwargs, **given}
     check_evaluation_memory(cfg, args.episodes, args.device)
-    with contextlib.ExitStack() as stack:
-        single = None
-        if args.gif:  # an env that cannot draw itself is refused before the evaluation
-            single = make(
-                cfg.env.name,
-                num_envs=1,
-                device=args.device,
-                seed=args.seed,
-                **fit_workers(cfg.env.kwargs, 1),
-            )
-            stack.enter_context(single)
-            single.reset(seed=args.seed)
-            render_frame(single)
-        env = make(
+
+    def gif_env() -> Any:
+        return make(
             cfg.env.name,
-            num_envs=args.episodes,
+            num_envs=1,
             device=args.device,
             seed=args.seed,
-            **fit_workers(cfg.env.kwargs, args.episodes),
+            **fit_workers(cfg.env.kwargs, 1),
         )
-        with env:
-            check_same_spec(policy.spec, env, cfg.env.name, args.path, given)
-            result = evaluate(
-                policy.model,
-                env,
-                seed=args.seed,
-                deterministic=not args.sample,
-                generator=_sampling(args, env.device),
-            )
-        result = {"task": cfg.env.name, "algo": cfg.algo_name, **result}
-        if policy.env_steps is not None:  # which checkpoint: a run may still be training
-            result["trained_env_steps"] = float(policy.env_steps)
-        # The evaluation is printed first: a GIF that cannot be written does not lose it.
-        _print_result(result, args.json)
-        if single is not None:
-            policy.reset()
+
+    if args.gif:  # an env that cannot draw itself is refused before the evaluation
+        # (closed again before the evaluation's env is made: closing a PettingZoo MPE env
+        # quits pygame, which would leave an env still open unable to draw its text)
+        with gif_env() as single:
+            single.reset(seed=args.seed)
+            render_frame(single)
+    env = make(
+        cfg.env.name,
+        num_envs=args.episodes,
+        device=args.device,
+        seed=args.seed,
+        **fit_workers(cfg.env.kwargs, args.episodes),
+    )
+    with env:
+        check_same_spec(policy.spec, env, cfg.env.name, args.path, given)
+        result = evaluate(
+            policy.model,
+            env,
+            seed=args.seed,
+            deterministic=not args.sample,
+            generator=_sampling(args, env.device),
+        )
+    result = {"task": cfg.env.name, "algo": cfg.algo_name, **result}
+    if policy.env_steps is not None:  # which checkpoint: a run may still be training
+        result["trained_env_steps"] = float(policy.env_steps)
+    # The evaluation is printed first: a GIF that cannot be written does not lose it.
+    _print_result(result, args.json)
+    if args.gif:
+        policy.reset()
+        with gif_env() as single:
             gen = _sampling(args, single.device)  # sampled (and repeatable) where it was
             frames = record_episode(
                 single,
                 lambda step: policy.act(step, deterministic=not args.sample, generator=gen),
                 seed=args.seed,
             )
-            save_gif(frames, args.gif)
-            if not args.json:
-                print(f"wrote {len(frames)} frames to {args.gif}")
+        save_gif(frames, args.gif)
+        if not args.json:
+            print(f"wrote {len(frames)} frames to {args.gif}")
     return 0
 
 
