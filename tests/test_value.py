@@ -797,3 +797,32 @@ def test_a_value_run_out_of_memory_is_told_to_lower_its_buffer(tmp_path, capsys,
     assert "lower algo.buffer_size" in capsys.readouterr().err
     assert main(["train", "mpe/simple_spread_fast", "progress=false", f"run_dir={tmp_path}"]) == 2
     assert "lower env.num_envs or eval_episodes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "env_name,warned",
+    [
+        ("pettingzoo:mpe2.simple_tag_v3", True),
+        ("pettingzoo:mpe2.simple_speaker_listener_v4", False),
+    ],
+)
+def test_groups_of_different_rewards_are_named_once(tmp_path, env_name, warned):
+    """The value family's one team reward mixes the groups' rewards: opposing groups (tag's
+    adversaries and prey) are told of once; groups that share their reward (speaker and
+    listener) are not."""
+    pytest.importorskip("mpe2")
+    over = {
+        **TINY,
+        "algo.name": "qmix",
+        "env.name": env_name,
+        "env.kwargs.num_workers": 0,
+        "total_env_steps": 4 * 25 * 3,
+        "run_dir": str(tmp_path),
+    }
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train("pettingzoo/simple_spread", over)
+    told = [w for w in caught if "get different rewards" in str(w.message)]
+    assert len(told) == (1 if warned else 0)
+    if warned:
+        assert "'adversary', 'agent'" in str(told[0].message)

@@ -20,6 +20,7 @@ and so do checkpoints that keep it.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -91,6 +92,7 @@ class EpisodeCollector:
         self.generator = generator
         self.tracker = tracker
         self.batch = allocate_episodes(env, env.num_envs)
+        self._told_of_group_rewards = len(env.spec.groups) < 2
 
     @torch.no_grad()
     def collect(self, epsilon: float, seed: int) -> tuple[EpisodeBatch, int]:
@@ -109,6 +111,8 @@ class EpisodeCollector:
         starts = torch.ones(E, dtype=torch.bool, device=env.device)
         active = torch.ones(E, dtype=torch.bool, device=env.device)
         check_every = end_check_every(env.device)
+        # Where groups' rewards differ (opposing teams), the widest gap of a step, read once.
+        gap = None if self._told_of_group_rewards else torch.zeros((), device=env.device)
         t = 0
         for t in range(L):
             for name, obs in step.obs.items():
@@ -133,6 +137,10 @@ class EpisodeCollector:
             for name, a in acted.actions.items():
                 _put(b.actions[name], t, a, active)
             b.reward[t] = torch.cat(list(step.reward.values()), dim=1).mean(1) * active
+            if gap is not None:
+                means = torch.stack([r.mean(1) for r in step.reward.values()], 1)
+                spread = (means.amax(1) - means.amin(1)) * active
+                gap = torch.maximum(gap, spread.max())
             b.terminated[t] = step.terminated & active
             b.truncated[t] = step.truncated & active
             b.filled[t] = active
@@ -156,6 +164,16 @@ class EpisodeCollector:
                 _put(b.obs[name], t + 1, step.obs[name], active)
                 _put(b.alive[name], t + 1, step.alive[name], active)
             _put(b.state, t + 1, step.state, active)
+        if gap is not None and float(gap) > 1e-6:
+            self._told_of_group_rewards = True
+            groups = ", ".join(f"'{g}'" for g in env.spec.groups)
+            warnings.warn(
+                f"the groups {groups} of {env.name} get different rewards, and the value "
+                "family learns one team reward, the mean over every agent (PyMARL's common "
+                "reward): opposing groups are trained on each other's rewards; train "
+                "competing groups with algo.name=mappo, which keeps each group's own reward",
+                stacklevel=2,
+            )
         return b, int(b.filled.sum())
 
 
