@@ -694,6 +694,33 @@ def test_disk_full_keeps_the_older_checkpoints(trained, tmp_path, capsys, monkey
     assert not list((run / "checkpoints").glob("*.tmp"))
 
 
+def test_a_full_disk_under_the_logs_mid_run_names_the_resume(
+    trained, tmp_path, capsys, monkeypatch
+):
+    """The disk fills while a metrics row is written (TensorBoard's events name no file): the
+    line names the newest checkpoint and the resume command, not "run the command again" (which
+    would start another run)."""
+    import shlex
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    real_log = mappo.logging.MetricsLogger.log
+    calls = []
+
+    def full_disk(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_log(self, *args, **kwargs)
+
+    monkeypatch.setattr(mappo.logging.MetricsLogger, "log", full_disk)
+    code, _, err = _cli(capsys, ["train", "--resume", str(run), "total_env_steps=1200"])
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert "No space left on device; the run keeps its checkpoints up to iter_" in line
+    assert shlex.split(line.split("then: ")[1]) == ["mappo", "train", "--resume", str(run)]
+
+
 def test_resume_skips_a_truncated_newest_checkpoint(trained, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(trained, run)

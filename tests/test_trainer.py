@@ -958,3 +958,18 @@ def test_the_package_reaches_its_subpackages_and_errors_by_attribute():
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "module 'mappo' has no attribute 'nothing_here'"
+
+
+def test_a_finished_run_killed_before_its_summary_gets_one_on_resume(tmp_path):
+    """A run killed between its final checkpoint and summary.json trained its budget: resuming
+    it writes the summary from that checkpoint (reports count it complete) and says so."""
+    from mappo.experiments.runs import read_run
+
+    run = train("mpe/simple_spread", {**TINY, "run_dir": str(tmp_path)})
+    (run.dir / "summary.json").unlink()
+    assert not read_run(run.dir).complete
+    with pytest.raises(C.ConfigError, match="stopped before writing its summary, which is now"):
+        resume(run.dir)
+    assert read_run(run.dir).complete
+    with pytest.raises(C.ConfigError, match=r"already reached total_env_steps=600 \(600 steps\); "):
+        resume(run.dir)

@@ -871,6 +871,10 @@ def _error(message: object) -> None:
     print("mappo: error: " + " ".join(str(message).split()), file=sys.stderr)
 
 
+_FULL = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))
+"""A full disk, a file-size limit, a disk quota."""
+
+
 def _os_error(err: OSError, resuming: bool = False) -> str:
     """One line for a failed read or write: what, where, and for a full disk, what is kept.
     ``resuming``: the command resumes a run, which writes into its own folder."""
@@ -884,6 +888,14 @@ def _os_error(err: OSError, resuming: bool = False) -> str:
             "; a checkpoint is written whole or not at all, so those written before are "
             "intact: free space and resume"
             if earlier
+            else "; the run had written no checkpoint yet: free space and start it again"
+        )
+    elif err.errno in _FULL and hasattr(err, "mappo_run"):
+        dirs, newest = err.mappo_run
+        extra = (
+            f"; the run keeps its checkpoints up to {Path(newest).name}: free space, then: "
+            f"mappo train --resume {shlex.join(str(d) for d in dirs)}"
+            if newest is not None
             else "; the run had written no checkpoint yet: free space and start it again"
         )
     elif err.errno == errno.ENOSPC:

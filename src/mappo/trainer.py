@@ -969,9 +969,19 @@ def _resumable(
             stacklevel=3,
         )
     if done >= cfg.total_env_steps:
+        repaired = ""
+        from mappo.experiments.runs import summary_from_checkpoint, summary_steps
+
+        if summary_steps(path) < done and done >= saved.total_env_steps:
+            # Killed between its final checkpoint and its summary: finished all the same.
+            summary_from_checkpoint(path, newest, done)
+            repaired = (
+                f"; it stopped before writing its summary, which is now written from '{newest}' "
+                "(reports count the run as complete)"
+            )
         raise config_mod.ConfigError(
             f"run '{path}' already reached total_env_steps={cfg.total_env_steps:,} "
-            f"({done:,} steps); resume with a larger total_env_steps=N to train further"
+            f"({done:,} steps){repaired}; resume with a larger total_env_steps=N to train further"
         )
     return newest, ckpt, cfg
 
@@ -1345,8 +1355,15 @@ def _run(
             [u.run_dir for u in trainers[1:]],  # type: ignore[arg-type,misc]
             saved_at_stop=False,
         ) from None
-    except Exception:
+    except Exception as err:
         tidy_unstarted()
+        if isinstance(err, OSError):
+            # A failed write mid-run (a full disk under the logs): the caller can name the
+            # run and its newest checkpoint, from which it resumes.
+            err.mappo_run = (  # type: ignore[attr-defined]
+                [t.run_dir for t in trainers],
+                trainers[0].last_checkpoint,
+            )
         raise
     finally:
         for t in trainers:

@@ -421,3 +421,21 @@ def never_logs(runs: list[RunRecord], metric: str) -> bool:
 def default_metric(runs: list[RunRecord]) -> str:
     """The greedy win rate where runs log one (StarCraft-style maps), else the greedy return."""
     return WIN_RATE if any(WIN_RATE in r.columns for r in runs) else RETURN
+
+
+def summary_steps(run_dir: Path) -> int:
+    """The env steps that ``run_dir/summary.json`` counts (0 without a readable one)."""
+    try:
+        return int(json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["env_steps"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return 0
+
+
+def summary_from_checkpoint(run_dir: Path, newest: Path, env_steps: int) -> None:
+    """Write ``run_dir/summary.json`` for a run that trained its budget but stopped before its
+    summary was written (killed between its final checkpoint and the summary): the env steps of
+    its newest checkpoint, so that reports count it as finished. Written whole or not at all."""
+    summary = {"env_steps": env_steps, "run_dir": str(run_dir), "from_checkpoint": str(newest)}
+    tmp = run_dir / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    tmp.replace(run_dir / "summary.json")

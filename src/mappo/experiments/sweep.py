@@ -50,6 +50,7 @@ from typing import Any, TextIO
 
 from mappo import config as config_mod
 from mappo.experiments import runs as runs_mod
+from mappo.experiments.runs import summary_steps
 from mappo.experiments.spec import (  # noqa: F401  (the spec's names, for users of this module)
     SweepError,
     SweepSpec,
@@ -143,11 +144,11 @@ def run_trial(trial: Trial) -> TrialResult:
     state = trial_state(trial)
     if state == "finished":
         result.status = "skipped"
-        result.env_steps = _summary_steps(d)
+        result.env_steps = summary_steps(d)
         return result
     if state == "partial" and _reached_budget(trial):
         result.status = "skipped"
-        result.env_steps = _summary_steps(d)
+        result.env_steps = summary_steps(d)
         return result
     try:
         if state == "partial":
@@ -230,7 +231,7 @@ def run_unit(trials: list[Trial]) -> list[TrialResult]:
     for t in trials:
         state = trial_state(t)
         if state == "finished" or (state == "partial" and _reached_budget(t)):
-            results[t.id] = TrialResult(t.id, "skipped", _summary_steps(Path(t.dir)), node=node)
+            results[t.id] = TrialResult(t.id, "skipped", summary_steps(Path(t.dir)), node=node)
         elif state == "partial":
             by_iteration.setdefault(_checkpoint_iteration(t), []).append(t)
         else:
@@ -257,7 +258,7 @@ def run_unit(trials: list[Trial]) -> list[TrialResult]:
             results[t.id] = TrialResult(
                 t.id,
                 "interrupted",
-                _summary_steps(Path(t.dir)),
+                summary_steps(Path(t.dir)),
                 node=node,
                 error=f"not started ({stop or 'SIGINT'})",
             )
@@ -340,17 +341,8 @@ def _reached_budget(trial: Trial) -> bool:
     steps = int(ckpt["progress"]["env_steps"])
     if steps < trial.total_env_steps:
         return False
-    summary = {"env_steps": steps, "run_dir": str(d), "from_checkpoint": str(newest)}
-    tmp = d / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
-    tmp.replace(d / "summary.json")
+    runs_mod.summary_from_checkpoint(d, newest, steps)
     return True
-
-
-def _summary_steps(d: Path) -> int:
-    with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-        return int(json.loads((d / "summary.json").read_text(encoding="utf-8"))["env_steps"])
-    return 0
 
 
 # -- the console table ------------------------------------------------------------------------
@@ -527,7 +519,7 @@ def _collect(ray: Any, ref: Any, unit: list[Trial]) -> list[TrialResult]:
         results = []
         for trial in unit:
             if trial_state(trial) == "finished":  # a group of the unit that ended before
-                results.append(TrialResult(trial.id, "done", _summary_steps(Path(trial.dir))))
+                results.append(TrialResult(trial.id, "done", summary_steps(Path(trial.dir))))
                 continue
             with contextlib.suppress(OSError):
                 Path(trial.dir).mkdir(parents=True, exist_ok=True)
@@ -735,7 +727,7 @@ def _run_locked(
     for trial in spec.trials:
         if trial_state(trial) == "finished":
             table.status[trial.id] = "skipped"
-            skipped.append(TrialResult(trial.id, "skipped", _summary_steps(Path(trial.dir))))
+            skipped.append(TrialResult(trial.id, "skipped", summary_steps(Path(trial.dir))))
         else:
             todo.append(trial)
     units = plan_units(todo, spec.stack_seeds)
