@@ -308,3 +308,12 @@ def test_an_empty_file_a_shared_base_and_an_algorithm_as_label_are_refused(tmp_p
     # a missing file of one's own named like a base is named as missing
     with pytest.raises(C.ConfigError, match="config file 'configs/_mine.yaml' does not exist"):
         C.load("configs/_mine.yaml")
+
+
+def test_an_env_without_a_preset_names_its_familys_preset():
+    """``mappo train hanabi/full-3p`` (an env, no preset of its own) says how to train it,
+    where a near preset name was offered (full-2p), which is another task."""
+    with pytest.raises(C.ConfigError, match="mappo train hanabi/full-2p env.name=hanabi/full-3p"):
+        C.load("hanabi/full-3p")
+    with pytest.raises(C.ConfigError, match="did you mean 'hanabi/full-2p'"):
+        C.load("hanabi/ful-2p")

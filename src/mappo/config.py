@@ -921,6 +921,17 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 def _preset_path(name: str) -> Path:
     path = PRESET_DIR / f"{name}.yaml"
     if not path.is_file():
+        from mappo.envs.registry import list_envs  # (only on this error: it imports torch)
+
+        family = name.split("/")[0] + "/"
+        kin = [p for p in list_presets() if p.startswith(family) and "_" not in p[len(family) :]]
+        if any(e.name == name for e in list_envs()) and kin:
+            # An env without a preset of its own (hanabi/full-3p): its family's preset fits.
+            base = (difflib.get_close_matches(name, kin, n=1, cutoff=0.0) or kin)[0]
+            raise ConfigError(
+                f"'{name}' is an env with no preset of its own; train it with the settings of "
+                f"a preset of its family: mappo train {base} env.name={name}"
+            )
         close = difflib.get_close_matches(name, list_presets(), n=1, cutoff=0.5)
         hint = f"; did you mean '{close[0]}'?" if close else " (`mappo list` shows the presets)"
         raise ConfigError(f"no preset or config file named '{name}'{hint}")
