@@ -1223,3 +1223,22 @@ def test_a_compiler_without_openmp_gets_the_build_with_our_own_threads(monkeypat
         assert torch.equal(fast.observe_all(), plain.observe_all())
     finally:
         torch.set_num_threads(previous)
+
+
+def test_a_recorded_game_ends_on_its_last_state():
+    """A GIF of a game shows how it ended (the lost last life, the final score): the step that
+    ends a game resets it, so the game keeps its ended state for the recording's last frame."""
+    from mappo.envs import make
+    from mappo.envs.base import EnvError
+    from mappo.envs.rendering import record_episode
+
+    env = make("hanabi/full-2p", num_envs=1, seed=3)
+    with pytest.raises(EnvError, match="no ended game kept"):
+        env.render_text(0, ended=True)
+    frames = record_episode(env, seed=3)
+    assert env.keep_ended is False  # (training does not pay for the copies)
+    text = env.render_text(0, ended=True)
+    assert "lives 0" in text and text.startswith("score 0")  # random play loses its lives
+    assert "misplayed, a life lost" in text.splitlines()[-1]
+    np.testing.assert_array_equal(frames[-1], env.render_ended(0))
+    assert not np.array_equal(frames[-1], frames[-2])

@@ -88,7 +88,9 @@ def record_episode(
     ``act_fn`` chooses the actions of the whole batch; by default they are random and valid
     (respecting action masks). The first frame is the initial state. An env resets itself inside
     the step that ends its episode, so the state that step reached is not drawn: an episode of
-    ``T`` steps gives ``T`` frames, the states before each of its steps.
+    ``T`` steps gives ``T`` frames, the states before each of its steps; except for an env that
+    can keep its ended episodes to draw (``keep_ended`` and ``render_ended(env_index)``, as
+    Hanabi does: there the ending is the point), whose last frame is the end.
     """
     if not 0 <= env_index < env.num_envs:
         raise EnvError(f"env_index {env_index} is out of range [0, {env.num_envs})")
@@ -99,12 +101,23 @@ def record_episode(
     generator.manual_seed(env.seed if seed is None else seed)
     step = env.reset(seed=seed)
     frames = [render_frame(env, env_index)]
-    for _ in range(limit):
-        actions = act_fn(step) if act_fn is not None else random_actions(env, step, generator)
-        step = env.step(actions)
-        if bool(step.done[env_index]):
-            break
-        frames.append(render_frame(env, env_index))
+    keeps = hasattr(env, "keep_ended") and hasattr(env, "render_ended")
+    kept = keeps and env.keep_ended  # type: ignore[attr-defined]
+    try:
+        if keeps:
+            env.keep_ended = True  # type: ignore[attr-defined]
+        for _ in range(limit):
+            actions = act_fn(step) if act_fn is not None else random_actions(env, step, generator)
+            step = env.step(actions)
+            if bool(step.done[env_index]):
+                if keeps:
+                    ended = env.render_ended(env_index)  # type: ignore[attr-defined]
+                    frames.append(np.asarray(ended, dtype=np.uint8))
+                break
+            frames.append(render_frame(env, env_index))
+    finally:
+        if keeps:
+            env.keep_ended = kept  # type: ignore[attr-defined]
     return frames
 
 

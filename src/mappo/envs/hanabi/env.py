@@ -136,6 +136,10 @@ class HanabiEnv(BatchedEnv):
             stat_names=("score", "perfect", "lives_lost", "length", *MOVE_KINDS),
         )
         self._length = torch.zeros(num_envs, dtype=torch.int64, device=self.device)
+        self.keep_ended = False
+        """While True, each step keeps the games' state before their auto-reset, which
+        :meth:`render_ended` draws (recordings set it; training leaves it off: a copy a step)."""
+        self._ended: dict[str, Tensor] | None = None
         self._moves = torch.zeros(num_envs, len(MOVE_KINDS), dtype=torch.int64, device=self.device)
         """Moves of each kind of :data:`MOVE_KINDS` made in each running game ``[E, 3]``."""
         self._seats = torch.arange(r.players, device=self.device)
@@ -192,6 +196,8 @@ class HanabiEnv(BatchedEnv):
         else:
             shared, stats = self._move(actions["players"])
         done = g.state["over"].clone()
+        if self.keep_ended:  # (a recording: the ended game's last state, for its last frame)
+            self._ended = {k: v.clone() for k, v in g.state.items()}
         # Finished games start again at once (auto-reset); their final views go to final_*.
         final_obs: Mapping[str, Tensor]
         final_mask: Mapping[str, Tensor]
@@ -403,17 +409,21 @@ class HanabiEnv(BatchedEnv):
         )
 
     # -- reading a game --------------------------------------------------------------------------
-    def render_text(self, env_index: int = 0) -> str:
+    def render_text(self, env_index: int = 0, ended: bool = False) -> str:
         """Game ``env_index`` as text: tokens, fireworks, every hand with what its holder knows
-        (``R3 || R?`` = a red 3 whose holder knows it is red), discards and the deck."""
-        r, s, i = self.rules, self.games.state, env_index
+        (``R3 || R?`` = a red 3 whose holder knows it is red), discards and the deck.
+        ``ended``: the game as the step that ended it left it, before its auto-reset (kept
+        while :attr:`keep_ended` is set; a recorded episode's last frame)."""
+        r, i = self.rules, env_index
+        s = self._ended_state() if ended else self.games.state
 
         def card(c: int) -> str:
             return f"{COLOR_LETTERS[c // r.ranks]}{c % r.ranks + 1}"
 
         fw = " ".join(f"{COLOR_LETTERS[c]}{int(s['fireworks'][i, c])}" for c in range(r.colors))
         lines = [
-            f"score {int(self.games.score()[i])}  info {int(s['info'][i])}  "
+            f"score {int(s['fireworks'][i].sum()) if int(s['life'][i]) > 0 else 0}  "
+            f"info {int(s['info'][i])}  "
             f"lives {int(s['life'][i])}  deck {r.deck_size - int(s['dealt'][i])}  "
             f"to act: player {int(s['player'][i])}",
             f"fireworks: {fw}",
@@ -427,11 +437,18 @@ class HanabiEnv(BatchedEnv):
             lines.append(f"player {p}: " + "  ".join(cards))
         disc = [f"{card(c)}x{int(n)}" for c, n in enumerate(s["discards"][i].tolist()) if n > 0]
         lines.append("discards: " + (" ".join(disc) if disc else "-"))
-        lines.append("last move: " + self._last_move_text(i))
+        lines.append("last move: " + self._last_move_text(i, s))
         return "\n".join(lines)
 
-    def _last_move_text(self, i: int) -> str:
-        r, s = self.rules, self.games.state
+    def _ended_state(self) -> dict[str, Tensor]:
+        if self._ended is None:
+            raise EnvError(
+                f"{self.name}: no ended game kept; set keep_ended = True before the steps"
+            )
+        return self._ended
+
+    def _last_move_text(self, i: int, s: dict[str, Tensor]) -> str:
+        r = self.rules
         kind = int(s["last_kind"][i])
         if kind < 0:
             return "-"
@@ -449,7 +466,11 @@ class HanabiEnv(BatchedEnv):
         slots = [k for k in range(r.hand) if bool(s["last_revealed"][i, k])]
         return f"{who} told player {int(s['last_target'][i])}: {told} at slots {slots}"
 
-    def render(self, env_index: int = 0, size: int = 400) -> np.ndarray:
+    def render_ended(self, env_index: int = 0) -> np.ndarray:
+        """The frame of game ``env_index`` as its last step left it (see :attr:`keep_ended`)."""
+        return self.render(env_index, ended=True)
+
+    def render(self, env_index: int = 0, size: int = 400, ended: bool = False) -> np.ndarray:
         """Game ``env_index`` drawn as its text (:meth:`render_text`), each card in its color:
         an RGB frame ``[H, W, 3]`` uint8 (``size`` is the least width in pixels)."""
         from PIL import Image, ImageDraw, ImageFont
@@ -458,7 +479,7 @@ class HanabiEnv(BatchedEnv):
         # (the discards) wrapped, room for the most lines a game of these rules can have.
         chars = 88
         lines = []
-        for line in self.render_text(env_index).splitlines():
+        for line in self.render_text(env_index, ended).splitlines():
             lines.extend(textwrap.wrap(line, chars, subsequent_indent="  ") or [""])
         font = ImageFont.load_default()
         step = 14
