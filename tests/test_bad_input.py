@@ -718,7 +718,11 @@ def test_a_full_disk_under_the_logs_mid_run_names_the_resume(
     assert code == 2
     (line,) = err.strip().splitlines()
     assert "No space left on device; the run keeps its checkpoints up to iter_" in line
-    assert shlex.split(line.split("then: ")[1]) == ["mappo", "train", "--resume", str(run)]
+    assert shlex.split(line.split("then: ")[1]) == [
+        "mappo", "train", "--resume", str(run), "total_env_steps=1200",
+    ]  # fmt: skip
+    code, _, _ = _cli(capsys, shlex.split(line.split("then: ")[1])[1:])
+    assert code == 0  # (the disk has room again)
 
 
 def test_resume_skips_a_truncated_newest_checkpoint(trained, tmp_path, capsys):

@@ -973,3 +973,38 @@ def test_a_finished_run_killed_before_its_summary_gets_one_on_resume(tmp_path):
     assert read_run(run.dir).complete
     with pytest.raises(C.ConfigError, match=r"already reached total_env_steps=600 \(600 steps\); "):
         resume(run.dir)
+
+
+def test_policy_evaluate_checks_its_arguments_and_trusts_as_eval_does(tmp_path):
+    """Policy.evaluate: sampled evaluations repeat from their seed; words that are not the env's
+    parameters are named; a saved run whose env name imports a module is refused until that
+    module is trusted (opening a file runs no code it names), as ``mappo eval`` refuses it."""
+    import numpy as np
+    import yaml
+
+    run = train("mpe/simple_spread", {**TINY, "run_dir": str(tmp_path)})
+    policy = run.load_policy()
+    first = policy.evaluate(episodes=np.int64(3), seed=5, deterministic=False)
+    assert policy.evaluate(episodes=3, seed=5, deterministic=False) == first
+    for kwargs, error, message in [
+        ({"num_envs": 3}, ValueError, "use episodes=N"),
+        ({"device": "cpu"}, ValueError, "load_policy\\(device=\\)"),
+        ({"deterministic": "no"}, TypeError, "True or False"),
+        ({"seed": 1.5}, TypeError, "are integers"),
+        ({"episodes": 0}, ValueError, "positive integer"),
+    ]:
+        with pytest.raises(error, match=message):
+            policy.evaluate(**kwargs)
+    with torch.inference_mode():  # (a notebook's habit; training and loading turn it off)
+        assert mappo.load_policy(run.dir).evaluate(episodes=2)["eval_episodes"] == 2
+    # A checkpoint whose config names an env of a module nobody trusted.
+    ckpt_path = sorted((run.dir / "checkpoints").glob("iter_*.pt"))[-1]
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    ckpt["config"]["env"]["name"] = "python:untrusted_envs_module:Env"
+    torch.save(ckpt, tmp_path / "foreign.pt")
+    foreign = mappo.load_policy(tmp_path / "foreign.pt")
+    with pytest.raises(mappo.EnvError, match="untrusted_envs_module"):
+        foreign.evaluate(episodes=2)
+    assert (
+        yaml.safe_load((run.dir / "config.yaml").read_text())["env"]["name"] == "mpe/simple_spread"
+    )

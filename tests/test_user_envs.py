@@ -590,3 +590,26 @@ def test_a_run_that_fails_before_training_anything_leaves_no_folder(user_folder,
     with pytest.raises(EnvError, match="broken step"):
         train("mpe/simple_spread_fast", overrides, run_dir=mine)
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+def test_a_notebooks_adapter_class_in_worker_processes_names_the_fix():
+    """A PettingZoo env class defined in a notebook (here `python -c`, which has no script file
+    either) cannot be built by worker processes; the one-line error says what to do."""
+    import subprocess
+
+    pytest.importorskip("mpe2")
+    code = (
+        "import mappo\n"
+        "from mpe2 import simple_spread_v3\n"
+        "class MyPZ:\n"
+        "    def __new__(cls, **kw):\n"
+        "        return simple_spread_v3.parallel_env(**kw)\n"
+        "try:\n"
+        "    mappo.envs.make('pettingzoo:__main__:MyPZ', num_envs=2, num_workers=1)\n"
+        "except mappo.EnvError as err:\n"
+        "    print(err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "cannot reach worker processes: pass env.kwargs.num_workers=0" in done.stdout, (
+        done.stdout + done.stderr
+    )

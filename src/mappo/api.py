@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
 from collections.abc import Mapping
@@ -71,23 +72,46 @@ class Policy:
         **env_kwargs: Any,
     ) -> dict[str, float]:
         """One episode in each of ``episodes`` copies of the run's env (its name and keyword
-        arguments from the run's config, ``env_kwargs`` replacing some of them), played greedily
-        (sampled with ``deterministic=False``, from ``generator``): the mean and standard
-        deviation of the per-agent episode return (``eval_return_mean``, ``eval_return_std``)
-        and the mean of each episode statistic, what ``mappo eval RUN`` prints. The recurrent
-        state kept for :meth:`act` is left as it was."""
-        from mappo.envs.registry import fit_workers, make
+        arguments from the run's config, ``env_kwargs`` replacing some of them), the envs reset
+        with ``seed``, played greedily (sampled with ``deterministic=False``, from ``generator``
+        or else one seeded with ``seed``, so that a sampled evaluation repeats): the mean and
+        standard deviation of the per-agent episode return (``eval_return_mean``,
+        ``eval_return_std``) and the mean of each episode statistic, what ``mappo eval RUN``
+        prints. The recurrent state kept for :meth:`act` is left as it was.
+
+        A policy loaded from a file makes its env as ``mappo eval`` does: a name in it that
+        imports a module by name needs that module trusted first
+        (:func:`mappo.envs.trust_module`)."""
+        import operator
+
+        from mappo.envs.registry import fit_workers, from_saved, make
         from mappo.evaluation import evaluate
         from mappo.trainer import check_evaluation_memory
 
-        if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
+        try:
+            episodes, seed = operator.index(episodes), operator.index(seed)
+        except TypeError:
+            raise TypeError(f"episodes and seed are integers, got {episodes!r}, {seed!r}") from None
+        if isinstance(episodes, bool) or episodes < 1:
             raise ValueError(f"episodes must be a positive integer, got {episodes!r}")
+        if not isinstance(deterministic, bool):
+            raise TypeError(f"deterministic must be True or False, got {deterministic!r}")
+        fixes = {"num_envs": "episodes=N", "seed": "seed=N", "device": "load_policy(device=)"}
+        for key in env_kwargs.keys() & fixes.keys():
+            raise ValueError(f"{key} is not an env parameter of evaluate; use {fixes[key]}")
         name = self.config.env.name
         kwargs = {**self.config.env.kwargs, **env_kwargs}
         env_cfg = dataclasses.replace(self.config.env, kwargs=kwargs)
         cfg = dataclasses.replace(self.config, env=env_cfg)
         check_evaluation_memory(cfg, episodes, self.device)
-        with library_defaults():  # (the env's float32 observations, whatever the caller's)
+        if not deterministic and generator is None:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        saved = (
+            contextlib.nullcontext()
+            if self.checkpoint is None
+            else from_saved(str(self.checkpoint))
+        )
+        with saved, library_defaults():  # (float32 observations, whatever the caller's)
             env = make(
                 name,
                 num_envs=episodes,

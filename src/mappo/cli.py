@@ -116,16 +116,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from mappo.trainer import resume, resume_seeds, train, train_seeds
 
     if args.resume:
-        # `--resume DIR [DIR ...] [KEY=VALUE ...]`: argparse gives every word after --resume to
-        # it; the overrides are the words with '=' that are not run directories.
-        dirs = [d for d in args.resume if "=" not in d or Path(d).is_dir()]
-        overrides = [d for d in args.resume if d not in dirs]
         if args.config and "=" not in args.config:
             raise config_mod.ConfigError(
                 f"a resumed run keeps its own config: leave out {args.config!r} "
                 "(`mappo train --resume RUN_DIR [KEY=VALUE ...]`)"
             )
-        overrides += ([args.config] if args.config else []) + args.overrides
+        dirs, overrides = _resume_words(args)
         if not dirs:
             raise config_mod.ConfigError("give the run directory to resume: --resume RUN_DIR")
         runs = resume_seeds(dirs, overrides) if len(dirs) > 1 else [resume(dirs[0], overrides)]
@@ -150,6 +146,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     if len(runs) > 1:
         _print_seeds([run.summary for run in runs])
     return 0
+
+
+def _resume_words(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The run directories and the overrides of `--resume DIR [DIR ...] [KEY=VALUE ...]`:
+    argparse gives every word after --resume to it; the overrides are the words with '=' that
+    are not run directories (and any given before --resume)."""
+    dirs = [d for d in args.resume if "=" not in d or Path(d).is_dir()]
+    overrides = [d for d in args.resume if d not in dirs]
+    return dirs, overrides + ([args.config] if args.config else []) + args.overrides
 
 
 def _print_seeds(summaries: list[dict]) -> None:
@@ -875,9 +880,11 @@ _FULL = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))
 """A full disk, a file-size limit, a disk quota."""
 
 
-def _os_error(err: OSError, resuming: bool = False) -> str:
+def _os_error(err: OSError, resuming: bool = False, overrides: list[str] | None = None) -> str:
     """One line for a failed read or write: what, where, and for a full disk, what is kept.
-    ``resuming``: the command resumes a run, which writes into its own folder."""
+    ``resuming``: the command resumes a run, which writes into its own folder, with
+    ``overrides`` (given again in the command to resume with: a checkpoint written before
+    them does not hold them)."""
     reason = err.strerror or str(err)
     where = f": '{err.filename}'" if err.filename else ""
     extra = ""
@@ -892,9 +899,10 @@ def _os_error(err: OSError, resuming: bool = False) -> str:
         )
     elif err.errno in _FULL and hasattr(err, "mappo_run"):
         dirs, newest = err.mappo_run
+        words = shlex.join([*(str(d) for d in dirs), *(overrides or [] if resuming else [])])
         extra = (
             f"; the run keeps its checkpoints up to {Path(newest).name}: free space, then: "
-            f"mappo train --resume {shlex.join(str(d) for d in dirs)}"
+            f"mappo train --resume {words}{_import_option(Path(dirs[0]))}"
             if newest is not None
             else "; the run had written no checkpoint yet: free space and start it again"
         )
@@ -1026,7 +1034,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + signal.SIGPIPE
     except OSError as err:
-        _error(_os_error(err, resuming=bool(getattr(args, "resume", None))))
+        resuming = bool(getattr(args, "resume", None))
+        _error(_os_error(err, resuming, _resume_words(args)[1] if resuming else None))
         return EXIT_USAGE
     except TrainingDiverged as err:
         _error(err)

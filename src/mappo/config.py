@@ -599,7 +599,7 @@ def apply(cfg: TrainConfig, values: dict[str, Any], saved: bool = False) -> Trai
                     f"config key '{raw_key}' must name one keyword argument of the environment, "
                     "e.g. env.kwargs.num_agents=4"
                 )
-            cfg.env.kwargs = {**cfg.env.kwargs, name: value}
+            cfg.env.kwargs = {**cfg.env.kwargs, name: _plain(value)}
             continue
         key = resolve_key(raw_key, cfg)
         value = _coerce(key, value, cfg)
@@ -1170,8 +1170,10 @@ def env_family(name: str) -> str:
 def _plain(value: Any) -> Any:
     """NumPy's and torch's scalars (``np.int64`` from ``np.arange``, ``np.float32``) as Python's
     numbers, in lists too; other values as they are."""
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
     if not isinstance(value, bool | int | float | str) and getattr(value, "shape", None) == ():
         item = getattr(value, "item", None)
         if callable(item):

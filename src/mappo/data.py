@@ -27,15 +27,19 @@ def library_defaults() -> Iterator[None]:
     """Torch's global settings that the library's code is written for, whatever the caller's:
     float32 as the default dtype (networks, states and stored rollouts are float32; a notebook
     that set float64 for its own work built float64 networks that met float32 batches) and
-    gradients enabled (a training call inside ``torch.no_grad()`` had none for its update). The
-    caller's settings come back afterwards."""
+    gradients enabled, outside inference mode (a training call inside ``torch.no_grad()`` had
+    none for its update). The caller's settings come back afterwards. The default dtype is one
+    setting of the whole process: it is changed only where the caller's is not float32 already
+    (so calls from several threads of a float32 process change nothing)."""
     dtype = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float32)
+    if dtype != torch.float32:
+        torch.set_default_dtype(torch.float32)
     try:
-        with torch.enable_grad():
+        with torch.inference_mode(False), torch.enable_grad():
             yield
     finally:
-        torch.set_default_dtype(dtype)
+        if dtype != torch.float32:
+            torch.set_default_dtype(dtype)
 
 
 # -- the environment spec and the step record -------------------------------------------------

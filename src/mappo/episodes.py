@@ -92,7 +92,8 @@ class EpisodeCollector:
         self.generator = generator
         self.tracker = tracker
         self.batch = allocate_episodes(env, env.num_envs)
-        self._told_of_group_rewards = len(env.spec.groups) < 2
+        # Collections left in which to compare the groups' rewards (none with one group).
+        self._group_checks = 8 if len(env.spec.groups) > 1 else 0
 
     @torch.no_grad()
     def collect(self, epsilon: float, seed: int) -> tuple[EpisodeBatch, int]:
@@ -112,7 +113,7 @@ class EpisodeCollector:
         active = torch.ones(E, dtype=torch.bool, device=env.device)
         check_every = end_check_every(env.device)
         # Where groups' rewards differ (opposing teams), the widest gap of a step, read once.
-        gap = None if self._told_of_group_rewards else torch.zeros((), device=env.device)
+        gap = torch.zeros((), device=env.device) if self._group_checks > 0 else None
         t = 0
         for t in range(L):
             for name, obs in step.obs.items():
@@ -138,9 +139,7 @@ class EpisodeCollector:
                 _put(b.actions[name], t, a, active)
             b.reward[t] = torch.cat(list(step.reward.values()), dim=1).mean(1) * active
             if gap is not None:
-                means = torch.stack([r.mean(1) for r in step.reward.values()], 1)
-                spread = (means.amax(1) - means.amin(1)) * active
-                gap = torch.maximum(gap, spread.max())
+                gap = torch.maximum(gap, _group_reward_gap(step, active))
             b.terminated[t] = step.terminated & active
             b.truncated[t] = step.truncated & active
             b.filled[t] = active
@@ -164,8 +163,10 @@ class EpisodeCollector:
                 _put(b.obs[name], t + 1, step.obs[name], active)
                 _put(b.alive[name], t + 1, step.alive[name], active)
             _put(b.state, t + 1, step.state, active)
+        if gap is not None:
+            self._group_checks -= 1
         if gap is not None and float(gap) > 1e-6:
-            self._told_of_group_rewards = True
+            self._group_checks = 0
             groups = ", ".join(f"'{g}'" for g in env.spec.groups)
             warnings.warn(
                 f"the groups {groups} of {env.name} get different rewards, and the value "
@@ -175,6 +176,23 @@ class EpisodeCollector:
                 stacklevel=2,
             )
         return b, int(b.filled.sum())
+
+
+def _group_reward_gap(step: Any, active: Tensor) -> Tensor:
+    """The widest gap ``[]`` between two groups' mean rewards in one step, over the envs still
+    ``active``, each group's mean over its living agents (a group with none has no say: the
+    rewards of the dead are zeros, not a group's view of the step)."""
+    means, has = [], []
+    for name, r in step.reward.items():
+        alive = step.alive[name].float()
+        count = alive.sum(1)
+        means.append((r * alive).sum(1) / count.clamp(min=1.0))
+        has.append(count > 0)
+    m, h = torch.stack(means, 1), torch.stack(has, 1)
+    top = torch.where(h, m, -torch.inf).amax(1)
+    low = torch.where(h, m, torch.inf).amin(1)
+    both = (h.sum(1) >= 2) & active
+    return torch.where(both, top - low, 0.0).max()
 
 
 COMPACT_FIELDS = ("obs", "state")

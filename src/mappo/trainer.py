@@ -654,10 +654,12 @@ def _warn_new_run(cfg: TrainConfig) -> None:
             stacklevel=3,
         )
     if imported_module(cfg.env.name) == "__main__":
+        scheme = cfg.env.name.partition(":")[0]
+        named = "<module>:<class>" if scheme == "python" else "<module>:<callable>"
         warnings.warn(
             f"env.name={cfg.env.name} is a class of the running script, which no other "
             "process can import: this run opens only from a script that defines it (move "
-            "the class into a module, python:<module>:<class>, to evaluate or resume it "
+            f"the class into a module, {scheme}:{named}, to evaluate or resume it "
             "with the mappo command)",
             stacklevel=3,
         )
@@ -853,7 +855,9 @@ def resume(run_dir: str | Path, overrides: list[str] | dict[str, Any] | None = N
 
     ``overrides`` may change what the saved state does not depend on (``total_env_steps``,
     learning rates, intervals...); they are recorded in the run's ``config.yaml``. Nothing in
-    the run directory is written before every check has passed."""
+    the run directory is written before every check has passed, except the summary of a run
+    that had trained its budget but stopped before writing one (refused all the same, as
+    every run that has reached its budget is)."""
     with library_defaults():  # (the caller's torch settings come back after)
         path = Path(run_dir)
         # The env's name comes from the run's files: a name that imports a module needs the user's

@@ -367,6 +367,17 @@ class WorkerPool:
             if os.environ.get("MAPPO_DEBUG")
             else " (MAPPO_DEBUG=1 shows the traceback)"
         )
+        if (
+            info["kind"] == "create"
+            and info["type"] == "AttributeError"
+            and "module '__main__'" in info["message"]
+        ):
+            # A class of a notebook (or of `python -c`): the workers' __main__ is not the
+            # caller's, and nothing else names the class.
+            where = (
+                "; a class defined in a notebook cannot reach worker processes: pass "
+                "env.kwargs.num_workers=0, or move it into a module and name that"
+            )
         raise EnvWorkerError(
             f"{self.env_name}: the environment raised {info['type']}: {info['message']} "
             f"{action}{copy} ({self._where(w)}){where}",

@@ -384,8 +384,9 @@ class SMACEnv(BatchedEnv):
 
         The battle each env restarts from when its episode ends, drawn ahead of time, is there
         too, under the same keys with ``spare_`` before them, with ``spare_age [E]`` (steps since
-        it was drawn, the same for every env): without it a run resumed from a checkpoint
-        restarted its battles from other positions than the run never stopped.
+        it was drawn, one count for every env, as they are redrawn together; :meth:`set_state`
+        takes the largest given): without them a run resumed from a checkpoint restarted its
+        battles from other positions than the run never stopped.
         """
         state = {k: v.clone() for k, v in self._s.items()}
         state.update({f"{SPARE}{k}": v.clone() for k, v in self._spare.items()})
@@ -402,15 +403,18 @@ class SMACEnv(BatchedEnv):
         if unknown:
             raise EnvError(
                 f"{self.name}: unknown state keys {sorted(unknown)}; expected some of "
-                f"{sorted(self._s)} (see get_state)"
+                f"{sorted(self._s)} or their spare_ forms (see get_state)"
             )
         if env_ids is None:
             ids = torch.arange(self.num_envs, device=self.device)
         else:
             ids = torch.as_tensor(env_ids, device=self.device, dtype=torch.int64).reshape(-1)
         for key, value in state.items():
-            if key == f"{SPARE}age":  # (one count for all envs: the largest given)
-                self._spare_age = int(torch.as_tensor(value).max())
+            if key == f"{SPARE}age":
+                # One count for every env (the spares are redrawn together): the largest given.
+                ages = torch.as_tensor(value)
+                if ages.numel() > 0:
+                    self._spare_age = min(max(int(ages.max()), 0), RESET_REDRAW - 1)
                 continue
             cur = self._spare[key[len(SPARE) :]] if key in spare_keys else self._s[key]
             value = torch.as_tensor(value, device=self.device, dtype=cur.dtype)
