@@ -906,3 +906,23 @@ def test_a_misspelt_adapter_option_is_named() -> None:
     pytest.importorskip("lbforaging")
     with pytest.raises(EnvError, match="did you mean the adapter's option 'num_workers'"):
         make("gymnasium:lbforaging:Foraging-8x8-2p-2f-v3", num_envs=1, num_worker=1)
+
+
+def test_the_step_limit_of_pettingzoos_own_games_is_found():
+    """PettingZoo's SISL and butterfly envs keep ``max_cycles`` on the game their class wraps:
+    the adapter reads it there (it asked for episode_limit as well)."""
+    pytest.importorskip("pygame")
+    with make(
+        "pettingzoo:pettingzoo.sisl.pursuit_v5", num_envs=1, num_workers=0, max_cycles=30
+    ) as env:
+        assert env.spec.episode_limit == 30
+
+
+def test_a_turn_based_pettingzoo_game_is_named_as_such():
+    """Tic-tac-toe has only an AEC env with no parallel form: the errors say that, instead of
+    pointing to aec_to_parallel (which refuses such games) or to a bare missing attribute."""
+    pytest.importorskip("pettingzoo.classic")
+    with pytest.raises(EnvError, match="has no parallel form \\(a turn-based game"):
+        make("pettingzoo:pettingzoo.classic.tictactoe_v3:env", num_envs=1, num_workers=0)
+    with pytest.raises(EnvError, match="turn-based games, such as pettingzoo.classic's, have none"):
+        make("pettingzoo:pettingzoo.classic.tictactoe_v3", num_envs=1, num_workers=0)

@@ -329,14 +329,17 @@ def flat_observation(desc: dict[str, Any], value: Any) -> np.ndarray:
 
 def infer_episode_limit(env: Any) -> int | None:
     """The smallest step limit an env declares (Gymnasium ``spec.max_episode_steps``, PettingZoo
-    MPE's ``max_cycles``, RWARE's ``max_steps``, LBF's ``_max_episode_steps``...), or ``None``."""
+    MPE's ``max_cycles``, RWARE's ``max_steps``, LBF's ``_max_episode_steps``, PettingZoo SISL's
+    game's ``max_cycles``...), or ``None``."""
     inner = env.env if isinstance(env, TupleEnvAsParallel) else env
     found: list[int] = []
     spec = getattr(inner, "spec", None)
     limit = getattr(spec, "max_episode_steps", None)
     if isinstance(limit, int) and limit > 0:
         found.append(limit)
-    for obj in (inner, getattr(inner, "unwrapped", None)):
+    unwrapped = getattr(inner, "unwrapped", None)
+    # (PettingZoo's SISL and butterfly envs keep max_cycles on the game their class wraps)
+    for obj in (inner, unwrapped, getattr(unwrapped, "env", None)):
         for attr in ("max_cycles", "max_steps", "max_episode_steps", "_max_episode_steps"):
             try:
                 value = getattr(obj, attr, None)

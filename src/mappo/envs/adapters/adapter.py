@@ -369,9 +369,15 @@ class ParallelEnvAdapter(BatchedEnv):
                 f"{self.name}: bad parameter for the environment: {err}{_option_hint(err)}"
             ) from err
         except Exception as err:
+            hint = _option_hint(err)
+            if isinstance(err, AttributeError) and "attribute 'parallel_env'" in str(err):
+                hint = (
+                    "; the adapter takes PettingZoo's parallel API, which a module offers as "
+                    "parallel_env (turn-based games, such as pettingzoo.classic's, have none); "
+                    "or name a function that returns a parallel env: pettingzoo:<module>:<name>"
+                )
             raise EnvError(
-                f"{self.name}: could not create the environment: {type(err).__name__}: {err}"
-                f"{_option_hint(err)}"
+                f"{self.name}: could not create the environment: {type(err).__name__}: {err}{hint}"
             ) from err
         try:
             agents = list(getattr(probe, "possible_agents", []))
@@ -399,10 +405,15 @@ class ParallelEnvAdapter(BatchedEnv):
                     f"{self.name}: the environment's reset() raised {type(err).__name__}: {err}"
                 ) from err
             if first is None and hasattr(probe, "agent_selection"):  # PettingZoo's AEC API
+                parallelizable = bool(getattr(probe, "metadata", {}).get("is_parallelizable"))
                 raise EnvError(
                     f"{self.name}: this is a PettingZoo AEC env (agents act in turns); give its "
                     "parallel form (a module's parallel_env, or a function that returns "
                     "pettingzoo.utils.conversions.aec_to_parallel(env))"
+                    if parallelizable
+                    else f"{self.name}: this is a PettingZoo AEC env whose agents act in turns "
+                    "and that has no parallel form (a turn-based game, metadata "
+                    "is_parallelizable false); the adapters take parallel envs only"
                 )
             if not (isinstance(first, tuple) and len(first) == 2 and isinstance(first[0], dict)):
                 raise EnvError(
