@@ -15,6 +15,7 @@ import math
 import os
 import re
 import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1181,18 +1182,22 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def override_values(overrides: Any) -> dict[str, Any]:
+def override_values(overrides: Sequence[str] | Mapping[str, Any] | None) -> dict[str, Any]:
     """Overrides given from Python as the dict of dotted keys they are, or a list (or tuple) of
     ``KEY=VALUE`` words parsed; ``{}`` for None. Anything else is a TypeError naming the forms."""
     if overrides is None:
         return {}
-    if isinstance(overrides, dict):
-        return overrides
+    if isinstance(overrides, Mapping):
+        return dict(overrides)
     if isinstance(overrides, list | tuple) and all(isinstance(w, str) for w in overrides):
         return parse_overrides(list(overrides))
+    held = ""
+    if isinstance(overrides, list | tuple):
+        odd = next(w for w in overrides if not isinstance(w, str))
+        held = f" holding {type(odd).__name__}"
     raise TypeError(
-        "overrides are a dict ({'algo.epochs': 5}) or a list (['algo.epochs=5']), got "
-        f"{type(overrides).__name__}"
+        "overrides are a dict ({'algo.epochs': 5}) or a list of KEY=VALUE strings "
+        f"(['algo.epochs=5']), got {type(overrides).__name__}{held}"
     )
 
 

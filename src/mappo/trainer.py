@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -587,14 +587,16 @@ def new_run_dir(cfg: TrainConfig) -> Path:
 
 
 def train(
-    cfg: TrainConfig | str,
-    overrides: list[str] | dict[str, Any] | None = None,
+    cfg: TrainConfig | str | os.PathLike[str],
+    overrides: Sequence[str] | Mapping[str, Any] | None = None,
     run_dir: str | Path | None = None,
 ) -> Run:
     """Train a policy: ``mappo.train("mpe/simple_spread", {"total_env_steps": 100_000})``.
 
     ``cfg`` is a :class:`TrainConfig`, a preset name or a YAML path; ``overrides`` are
-    ``KEY=VALUE`` strings or a dict of keys to values. Returns the :class:`Run`.
+    ``KEY=VALUE`` strings or a dict of keys to values. Returns the :class:`Run`. An ``OSError``
+    raised mid-run (a full disk) carries ``mappo_run``: the run directories and the newest
+    checkpoint (``None`` before the first), from which :func:`resume` continues.
     """
     with library_defaults():  # (the caller's torch settings come back after)
         cfg = _load(cfg, overrides)
@@ -702,7 +704,10 @@ def _check_unused(path: Path) -> None:
         )
 
 
-def _load(cfg: TrainConfig | str, overrides: list[str] | dict[str, Any] | None) -> TrainConfig:
+def _load(
+    cfg: TrainConfig | str | os.PathLike[str],
+    overrides: Sequence[str] | Mapping[str, Any] | None,
+) -> TrainConfig:
     """A preset name, YAML path or config with ``overrides`` applied, checked."""
     if not isinstance(cfg, str | os.PathLike | TrainConfig):
         raise TypeError(
@@ -723,7 +728,8 @@ def _load(cfg: TrainConfig | str, overrides: list[str] | dict[str, Any] | None) 
 
 
 def train_seeds(
-    cfg: TrainConfig | str, overrides: list[str] | dict[str, Any] | None = None
+    cfg: TrainConfig | str | os.PathLike[str],
+    overrides: Sequence[str] | Mapping[str, Any] | None = None,
 ) -> list[Run]:
     """Train seeds ``seed .. seed + num_seeds - 1`` of one configuration at once, in one process
     (:mod:`mappo.learners.seeds`); returns one :class:`Run` per seed, each with its own run
@@ -850,7 +856,7 @@ def _run_stacked(
         release(stack.policies)
 
 
-def resume(run_dir: str | Path, overrides: list[str] | dict[str, Any] | None = None) -> Run:
+def resume(run_dir: str | Path, overrides: Sequence[str] | Mapping[str, Any] | None = None) -> Run:
     """Continue a run from its newest usable checkpoint.
 
     ``overrides`` may change what the saved state does not depend on (``total_env_steps``,
@@ -882,7 +888,7 @@ def resume(run_dir: str | Path, overrides: list[str] | dict[str, Any] | None = N
 
 
 def resume_seeds(
-    run_dirs: list[str | Path], overrides: list[str] | dict[str, Any] | None = None
+    run_dirs: list[str | Path], overrides: Sequence[str] | Mapping[str, Any] | None = None
 ) -> list[Run]:
     """Continue several seeds of one configuration together in one process (as
     :func:`train_seeds` trains them); they must be at the same iteration. ``overrides`` apply to
@@ -929,7 +935,7 @@ def _existing(path: Path) -> Path:
 
 
 def _resumable(
-    path: Path, overrides: list[str] | dict[str, Any] | None
+    path: Path, overrides: Sequence[str] | Mapping[str, Any] | None
 ) -> tuple[Path, dict[str, Any], TrainConfig]:
     """A run's newest checkpoint, its contents and the config to continue with (checked)."""
     newest, ckpt = load_latest(path)

@@ -94,9 +94,10 @@ def make_env(factory: Factory, wrap: str) -> Any:
 
 def _own_step_limit(target: str, kwargs: dict[str, Any]) -> Any:
     """``target``, or its registered spec with ``max_episode_steps`` among the env's own keyword
-    arguments where the env takes one of that name (LBF: ``gymnasium.make`` keeps the word for
-    its own TimeLimit wrapper, and the env would still end every episode at its registered 50)."""
-    if "max_episode_steps" not in kwargs:
+    arguments where its registration passes one of that name (LBF: ``gymnasium.make`` keeps the
+    word for its own TimeLimit wrapper, and the env would still end every episode at its
+    registered 50)."""
+    if kwargs.get("max_episode_steps") is None:  # (None: the registered limit)
         return target
     import dataclasses
 
