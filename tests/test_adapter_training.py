@@ -271,3 +271,27 @@ def test_fit_workers_cuts_only_a_worker_count_above_the_batch() -> None:
     assert fit_workers({"num_workers": 4, "N": 3}, 2) == {"num_workers": 2, "N": 3}
     assert fit_workers({"num_workers": 2}, 8) == {"num_workers": 2}
     assert fit_workers({"N": 3}, 1) == {"N": 3}
+
+
+def test_a_resumed_adapter_run_says_its_episodes_start_afresh(tmp_path: Path) -> None:
+    """A wrapped env's state is Python objects, which a checkpoint loaded with weights_only
+    cannot hold: a MAPPO resume starts fresh episodes, and says so (the README's exact-resume
+    promise holds for the batched envs)."""
+    import mappo
+    from mappo.checkpoint import CheckpointWarning
+
+    over = {
+        "env.num_envs": 2,
+        "env.kwargs.num_workers": 0,
+        "rollout_length": 25,
+        "total_env_steps": 100,
+        "checkpoint_interval": 1,
+        "eval_episodes": 2,
+        "progress": False,
+        "threads": 1,
+        "run_dir": str(tmp_path),
+    }
+    run = mappo.train("pettingzoo/simple_spread", over)
+    with pytest.warns(CheckpointWarning, match="its episodes start afresh at this resume"):
+        resumed = mappo.resume(run.dir, {"total_env_steps": 150})
+    assert resumed.summary["env_steps"] >= 150

@@ -7,6 +7,7 @@ per-env flags. Everything stays on the env's device; nothing is copied to the ho
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -15,7 +16,7 @@ import torch
 from torch import Tensor
 
 from mappo.acting import Acted
-from mappo.checkpoint import restore_generator
+from mappo.checkpoint import CheckpointWarning, restore_generator
 from mappo.data import (
     EnvStep,
     GroupBuffer,
@@ -597,6 +598,7 @@ class Collector:
         one in worker processes) starts fresh episodes from ``fallback_seed`` instead."""
         dev = self.env.device
         if state["env"] is None:
+            warn_fresh_episodes(self.env)
             self.step = self.env.reset(seed=fallback_seed)
             return
         self.env.set_state({k: v.to(dev) for k, v in state["env"]["state"].items()})
@@ -606,6 +608,17 @@ class Collector:
         self.critic_states = {k: v.to(dev) for k, v in state["critic_states"].items()}
         self.starts = state["starts"].to(dev)
         self.tracker.load_state_dict(state["tracker"])
+
+
+def warn_fresh_episodes(env: BatchedEnv) -> None:
+    """Say that a resumed run's env, which could not be snapshotted, starts fresh episodes."""
+    warnings.warn(
+        f"{env.name} keeps its state in Python objects, which a checkpoint that runs no code "
+        "cannot hold: its episodes start afresh at this resume, so the run goes on from there "
+        "as a run never stopped would not, step for step",
+        CheckpointWarning,
+        stacklevel=2,
+    )
 
 
 _STEP_RECORDS = ("starts", "terminated", "truncated")

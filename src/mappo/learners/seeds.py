@@ -76,6 +76,7 @@ from mappo.rollout import (
     EpisodeTracker,
     allocate,
     policy_step,
+    warn_fresh_episodes,
 )
 
 # -- the envs of all seeds as one batch -------------------------------------------------------
@@ -906,6 +907,8 @@ class StackedPPOLearner:
             rows = self.blocks.rows(k)
             if saved_c["env"] is None:
                 # An env that cannot be snapshotted starts fresh episodes (as a single run does).
+                if k == 0:
+                    warn_fresh_episodes(self.blocks.env_of(0))
                 steps_.append(self.blocks.reset_seed(k, self.cfgs[k].seed + iteration))
                 continue
             dev = self.device
