@@ -894,7 +894,8 @@ def test_a_second_signal_names_the_older_checkpoint_it_resumes_from(monkeypatch,
     monkeypatch.setattr(trainer_mod, "train", stopped_twice)
     code, _, err = _cli(capsys, ["train", "mpe/simple_spread", "progress=false"])
     assert code == 130
-    assert "stopped at once at env step 707,200" in err and f"the newest is {older}" in err
+    assert "stopped at once (a second signal) in the iteration after env step 707,200" in err
+    assert f"the newest checkpoint is {older}" in err
     assert f"mappo train --resume {tmp_path / 'run'}" in err and "saved" not in err
 
 

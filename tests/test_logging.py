@@ -302,3 +302,19 @@ def test_a_pending_file_held_open_too_does_not_stop_training(tmp_path, monkeypat
     assert steps(csv_path) == [10, 20, 30] and steps(pending) == [10]  # (the stale one stayed)
     MetricsLogger(tmp_path, False, None, {}, resume_step=30).close()
     assert steps(csv_path) == [10, 20, 30]  # the resume took the file that goes further
+
+
+def test_a_metrics_file_saved_by_a_spreadsheet_still_resumes(tmp_path):
+    """A spreadsheet's "CSV UTF-8" starts the file with a byte-order mark: its rows are read
+    as the run's (it was refused as having no env_steps column)."""
+    from mappo.experiments.runs import read_run
+    from mappo.logging import MetricsLogger
+
+    (tmp_path / "metrics.csv").write_text(
+        "\ufeffenv_steps,train/episode_return\n10,1.5\n20,2.5\n30,3.5\n", encoding="utf-8"
+    )
+    (tmp_path / "config.yaml").write_text("seed: 1\n", encoding="utf-8")
+    assert list(read_run(tmp_path).columns["env_steps"]) == [10, 20, 30]
+    MetricsLogger(tmp_path, False, None, {}, resume_step=20).close()
+    kept = (tmp_path / "metrics.csv").read_text(encoding="utf-8-sig").splitlines()
+    assert kept == ["env_steps,train/episode_return", "10,1.5", "20,2.5"]

@@ -1057,8 +1057,9 @@ def main(argv: list[str] | None = None) -> int:
                 what += " and the other seeds' checkpoints" if len(err.run_dirs) > 1 else ""
             else:  # a second signal: stopped at once, nothing saved at the stop
                 what = (
-                    f"stopped at once at env step {err.env_steps:,} (a second signal), without "
-                    f"a checkpoint there; the newest is {err.checkpoint}"
+                    f"stopped at once (a second signal) in the iteration after env step "
+                    f"{err.env_steps:,}, which is not kept; the newest checkpoint is "
+                    f"{err.checkpoint}"
                 )
             again = f"mappo train --resume {dirs}{_import_option(err.run_dir)}"
             print(f"mappo: {what}; continue with: {again}", file=sys.stderr)

@@ -96,7 +96,8 @@ def complete_rows(path: Path) -> str:
     """The text of ``path`` up to its last line end: a row without its line end is one being
     written (a run still training, or killed in the write), and half a number would read as a
     wrong one."""
-    with path.open(newline="", encoding="utf-8") as f:
+    # (utf-8-sig: a file saved by a spreadsheet starts with a byte-order mark)
+    with path.open(newline="", encoding="utf-8-sig") as f:
         text = f.read()
     return text[: text.rfind("\n") + 1]
 
