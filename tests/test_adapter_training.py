@@ -295,3 +295,24 @@ def test_a_resumed_adapter_run_says_its_episodes_start_afresh(tmp_path: Path) ->
     with pytest.warns(CheckpointWarning, match="its episodes start afresh at this resume"):
         resumed = mappo.resume(run.dir, {"total_env_steps": 150})
     assert resumed.summary["env_steps"] >= 150
+
+
+def test_fresh_episodes_keep_the_finished_ones_not_yet_logged() -> None:
+    """At such a resume the running episodes are forgotten (their envs start new ones) and the
+    episodes that ended before the checkpoint but were not logged yet still count."""
+    from mappo.rollout import EpisodeTracker
+
+    tracker = EpisodeTracker.create(2, ("won",), torch.device("cpu"))
+    tracker.returns.fill_(3.0)
+    tracker.lengths.fill_(7.0)
+    tracker.finished.fill_(2.0)
+    tracker.return_sum.fill_(5.0)
+    tracker.length_sum.fill_(20.0)
+    tracker.fresh_episodes()
+    assert tracker.returns.tolist() == [0.0, 0.0] and tracker.lengths.tolist() == [0.0, 0.0]
+    assert tracker.read() == {
+        "episode_return": 2.5,
+        "episode_length": 10.0,
+        "won": 0.0,
+        "episodes": 2.0,
+    }

@@ -95,6 +95,12 @@ class EpisodeTracker:
             t.zero_()
         return out
 
+    def fresh_episodes(self) -> None:
+        """Forget the running episodes (their envs start new ones); the finished episodes not
+        yet read stay, so that the next log row still counts them."""
+        self.returns.zero_()
+        self.lengths.zero_()
+
     def state_dict(self) -> dict[str, Any]:
         """Every field (a field added later is saved too)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -600,6 +606,8 @@ class Collector:
         if state["env"] is None:
             warn_fresh_episodes(self.env)
             self.step = self.env.reset(seed=fallback_seed)
+            self.tracker.load_state_dict(state["tracker"])
+            self.tracker.fresh_episodes()
             return
         self.env.set_state({k: v.to(dev) for k, v in state["env"]["state"].items()})
         restore_generator(self.env.generator, state["env"]["rng"], fallback_seed, "env")

@@ -910,6 +910,8 @@ class StackedPPOLearner:
                 if k == 0:
                     warn_fresh_episodes(self.blocks.env_of(0))
                 steps_.append(self.blocks.reset_seed(k, self.cfgs[k].seed + iteration))
+                self.seed_tracker(k).load_state_dict(saved_c["tracker"])
+                self.seed_tracker(k).fresh_episodes()
                 continue
             dev = self.device
             self.blocks.load_seed_state(k, saved_c["env"], iteration)
