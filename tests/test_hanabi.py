@@ -1230,7 +1230,7 @@ def test_a_recorded_game_ends_on_its_last_state():
     ends a game resets it, so the game keeps its ended state for the recording's last frame."""
     from mappo.envs import make
     from mappo.envs.base import EnvError
-    from mappo.envs.rendering import record_episode
+    from mappo.envs.rendering import record_episode, record_steps
 
     env = make("hanabi/full-2p", num_envs=1, seed=3)
     with pytest.raises(EnvError, match="no ended game kept"):
@@ -1242,3 +1242,5 @@ def test_a_recorded_game_ends_on_its_last_state():
     assert "misplayed, a life lost" in text.splitlines()[-1]
     np.testing.assert_array_equal(frames[-1], env.render_ended(0))
     assert not np.array_equal(frames[-1], frames[-2])
+    again, taken, ended = record_steps(env, seed=3)  # (what `mappo render` reports)
+    assert ended and len(again) == len(frames) == taken + 1

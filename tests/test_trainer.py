@@ -975,7 +975,7 @@ def test_a_finished_run_killed_before_its_summary_gets_one_on_resume(tmp_path):
         resume(run.dir)
 
 
-def test_policy_evaluate_checks_its_arguments_and_trusts_as_eval_does(tmp_path):
+def test_policy_evaluate_checks_its_arguments_and_trusts_as_eval_does(tmp_path, monkeypatch):
     """Policy.evaluate: sampled evaluations repeat from their seed; words that are not the env's
     parameters are named; a saved run whose env name imports a module is refused until that
     module is trusted (opening a file runs no code it names), as ``mappo eval`` refuses it."""
@@ -995,16 +995,25 @@ def test_policy_evaluate_checks_its_arguments_and_trusts_as_eval_does(tmp_path):
     ]:
         with pytest.raises(error, match=message):
             policy.evaluate(**kwargs)
+    with pytest.raises(ValueError, match="positive integer, got True"):
+        policy.evaluate(episodes=True)
     with torch.inference_mode():  # (a notebook's habit; training and loading turn it off)
-        assert mappo.load_policy(run.dir).evaluate(episodes=2)["eval_episodes"] == 2
-    # A checkpoint whose config names an env of a module nobody trusted.
+        again = train("mpe/simple_spread", {**TINY, "run_dir": str(tmp_path / "in_inference")})
+        assert mappo.load_policy(again.dir).evaluate(episodes=2)["eval_episodes"] == 2
+    # A checkpoint whose config names an env of a module nobody trusted: the module is not
+    # imported (its top-level code would write the marker).
+    (tmp_path / "untrusted_envs_module.py").write_text(
+        f"open({str(tmp_path / 'imported')!r}, 'w').close()\n", encoding="utf-8"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
     ckpt_path = sorted((run.dir / "checkpoints").glob("iter_*.pt"))[-1]
     ckpt = torch.load(ckpt_path, weights_only=True)
     ckpt["config"]["env"]["name"] = "python:untrusted_envs_module:Env"
     torch.save(ckpt, tmp_path / "foreign.pt")
     foreign = mappo.load_policy(tmp_path / "foreign.pt")
-    with pytest.raises(mappo.EnvError, match="untrusted_envs_module"):
+    with pytest.raises(mappo.EnvError, match="if you trust the code of 'untrusted_envs_module'"):
         foreign.evaluate(episodes=2)
+    assert not (tmp_path / "imported").exists()
     assert (
         yaml.safe_load((run.dir / "config.yaml").read_text())["env"]["name"] == "mpe/simple_spread"
     )

@@ -826,3 +826,22 @@ def test_groups_of_different_rewards_are_named_once(tmp_path, env_name, warned):
     assert len(told) == (1 if warned else 0)
     if warned:
         assert "'adversary', 'agent'" in str(told[0].message)
+
+
+def test_the_group_reward_gap_counts_only_agents_alive_when_they_acted():
+    """A dead agent's zero reward is not its group's view of the step, nor is a group with no
+    living agent, nor an env whose episode has ended: only living groups' means are compared."""
+    from mappo.episodes import _group_reward_gap
+
+    reward = {
+        "a": torch.tensor([[1.0], [1.0], [5.0], [2.0]]),
+        "b": torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]]),
+    }
+    alive = {
+        "a": torch.tensor([[True], [True], [True], [True]]),
+        "b": torch.tensor([[True, False], [False, False], [True, True], [True, True]]),
+    }
+    active = torch.tensor([True, True, False, True])
+    assert float(_group_reward_gap(reward, alive, active)) == 2.0  # env 3 only
+    active[3] = False
+    assert float(_group_reward_gap(reward, alive, active)) == 0.0

@@ -88,22 +88,23 @@ class Policy:
         from mappo.evaluation import evaluate
         from mappo.trainer import check_evaluation_memory
 
+        if isinstance(episodes, bool):
+            raise ValueError(f"episodes must be a positive integer, got {episodes!r}")
         try:
             episodes, seed = operator.index(episodes), operator.index(seed)
         except TypeError:
             raise TypeError(f"episodes and seed are integers, got {episodes!r}, {seed!r}") from None
-        if isinstance(episodes, bool) or episodes < 1:
+        if episodes < 1:
             raise ValueError(f"episodes must be a positive integer, got {episodes!r}")
         if not isinstance(deterministic, bool):
             raise TypeError(f"deterministic must be True or False, got {deterministic!r}")
-        fixes = {"num_envs": "episodes=N", "seed": "seed=N", "device": "load_policy(device=)"}
+        fixes = {"num_envs": "episodes=N", "device": "load_policy(device=)"}
         for key in env_kwargs.keys() & fixes.keys():
             raise ValueError(f"{key} is not an env parameter of evaluate; use {fixes[key]}")
         name = self.config.env.name
         kwargs = {**self.config.env.kwargs, **env_kwargs}
         env_cfg = dataclasses.replace(self.config.env, kwargs=kwargs)
         cfg = dataclasses.replace(self.config, env=env_cfg)
-        check_evaluation_memory(cfg, episodes, self.device)
         if not deterministic and generator is None:
             generator = torch.Generator(device=self.device).manual_seed(seed)
         saved = (
@@ -112,6 +113,8 @@ class Policy:
             else from_saved(str(self.checkpoint))
         )
         with saved, library_defaults():  # (float32 observations, whatever the caller's)
+            # (inside: the memory check makes a copy of the env, under the same trust rule)
+            check_evaluation_memory(cfg, episodes, self.device)
             env = make(
                 name,
                 num_envs=episodes,

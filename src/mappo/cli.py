@@ -420,7 +420,7 @@ def _check_gif_path(path: Path) -> None:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from mappo.envs.registry import list_envs, make
-    from mappo.envs.rendering import record_episode, save_gif
+    from mappo.envs.rendering import record_steps, save_gif
 
     # the words after the env's name are its parameters, e.g. num_agents=4
     fixes = {
@@ -443,11 +443,13 @@ def cmd_render(args: argparse.Namespace) -> int:
             name, kwargs = preset.env.name, {**preset.env.kwargs, **kwargs}
             kwargs.pop("num_workers", None)  # (one env, drawn in this process)
     with make(name, num_envs=1, seed=args.seed, **kwargs) as env:
-        frames = record_episode(env, None, num_steps=args.steps)
+        frames, taken, ended = record_steps(env, None, num_steps=args.steps)
     save_gif(frames, args.gif)
-    # N steps draw N + 1 states; fewer frames mean the episode ended first
-    ended = args.steps is not None and len(frames) <= args.steps
-    note = f" (the episode ended after {len(frames)} of the --steps {args.steps})" if ended else ""
+    note = (
+        f" (the episode ended after {taken} of the --steps {args.steps})"
+        if ended and args.steps is not None
+        else ""
+    )
     print(f"wrote {len(frames)} frames to {args.gif}{note}")
     return 0
 
@@ -880,11 +882,17 @@ _FULL = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC))
 """A full disk, a file-size limit, a disk quota."""
 
 
-def _os_error(err: OSError, resuming: bool = False, overrides: list[str] | None = None) -> str:
+def _os_error(
+    err: OSError,
+    resuming: bool = False,
+    overrides: list[str] | None = None,
+    imported: list[str] | None = None,
+) -> str:
     """One line for a failed read or write: what, where, and for a full disk, what is kept.
     ``resuming``: the command resumes a run, which writes into its own folder, with
     ``overrides`` (given again in the command to resume with: a checkpoint written before
-    them does not hold them)."""
+    them does not hold them); ``imported``: the command's ``--import`` modules, which the
+    resume needs as well."""
     reason = err.strerror or str(err)
     where = f": '{err.filename}'" if err.filename else ""
     extra = ""
@@ -900,9 +908,10 @@ def _os_error(err: OSError, resuming: bool = False, overrides: list[str] | None 
     elif err.errno in _FULL and hasattr(err, "mappo_run"):
         dirs, newest = err.mappo_run
         words = shlex.join([*(str(d) for d in dirs), *(overrides or [] if resuming else [])])
+        imports = "".join(f" --import {shlex.quote(m)}" for m in (imported or []))
         extra = (
             f"; the run keeps its checkpoints up to {Path(newest).name}: free space, then: "
-            f"mappo train --resume {words}{_import_option(Path(dirs[0]))}"
+            f"mappo train --resume {words}{imports or _import_option(Path(dirs[0]))}"
             if newest is not None
             else "; the run had written no checkpoint yet: free space and start it again"
         )
@@ -1035,7 +1044,8 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
     except OSError as err:
         resuming = bool(getattr(args, "resume", None))
-        _error(_os_error(err, resuming, _resume_words(args)[1] if resuming else None))
+        overrides = _resume_words(args)[1] if resuming else None
+        _error(_os_error(err, resuming, overrides, getattr(args, "imports", None)))
         return EXIT_USAGE
     except TrainingDiverged as err:
         _error(err)

@@ -925,7 +925,7 @@ def _preset_path(name: str) -> Path:
         from mappo.envs.registry import list_envs  # (only on this error: it imports torch)
 
         family = name.split("/")[0] + "/"
-        kin = [p for p in list_presets() if p.startswith(family) and "_" not in p[len(family) :]]
+        kin = [p for p in list_presets() if p.startswith(family)]
         if any(e.name == name for e in list_envs()) and kin:
             # An env without a preset of its own (hanabi/full-3p): its family's preset fits.
             base = (difflib.get_close_matches(name, kin, n=1, cutoff=0.0) or kin)[0]
@@ -1171,14 +1171,18 @@ def env_family(name: str) -> str:
 def _plain(value: Any) -> Any:
     """NumPy's and torch's scalars (``np.int64`` from ``np.arange``, ``np.float32``) as Python's
     numbers, in lists too; other values as they are."""
-    if isinstance(value, list | tuple):
-        return type(value)(_plain(v) for v in value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):  # (a namedtuple stays)
+        return tuple(_plain(v) for v in value)
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
-    if not isinstance(value, bool | int | float | str) and getattr(value, "shape", None) == ():
-        item = getattr(value, "item", None)
-        if callable(item):
-            return item()
+    shape = getattr(value, "shape", None)
+    if not isinstance(value, bool | int | float | str) and shape is not None:
+        # An array or a tensor: a 0-d one as its number, others as nested lists.
+        convert = getattr(value, "item" if tuple(shape) == () else "tolist", None)
+        if callable(convert):
+            return _plain(convert())
     return value
 
 

@@ -133,13 +133,14 @@ class EpisodeCollector:
                 epsilon=epsilon,
             )
             states, starts = acted.states, torch.zeros_like(starts)
+            alive_before = step.alive  # (the step's rewards are for the agents alive in it)
             step = env.step(acted.env_actions)
             self.tracker.record(step, active)
             for name, a in acted.actions.items():
                 _put(b.actions[name], t, a, active)
             b.reward[t] = torch.cat(list(step.reward.values()), dim=1).mean(1) * active
             if gap is not None:
-                gap = torch.maximum(gap, _group_reward_gap(step, active))
+                gap = torch.maximum(gap, _group_reward_gap(step.reward, alive_before, active))
             b.terminated[t] = step.terminated & active
             b.truncated[t] = step.truncated & active
             b.filled[t] = active
@@ -178,13 +179,16 @@ class EpisodeCollector:
         return b, int(b.filled.sum())
 
 
-def _group_reward_gap(step: Any, active: Tensor) -> Tensor:
-    """The widest gap ``[]`` between two groups' mean rewards in one step, over the envs still
-    ``active``, each group's mean over its living agents (a group with none has no say: the
-    rewards of the dead are zeros, not a group's view of the step)."""
+def _group_reward_gap(
+    reward: dict[str, Tensor], alive_before: dict[str, Tensor], active: Tensor
+) -> Tensor:
+    """The widest gap ``[]`` between two groups' mean rewards ``[E, n]`` of one step, over the
+    envs still ``active``, each group's mean over its agents alive when they acted
+    (``alive_before``; a group with none has no say: the rewards of the dead are zeros, not a
+    group's view of the step)."""
     means, has = [], []
-    for name, r in step.reward.items():
-        alive = step.alive[name].float()
+    for name, r in reward.items():
+        alive = alive_before[name].float()
         count = alive.sum(1)
         means.append((r * alive).sum(1) / count.clamp(min=1.0))
         has.append(count > 0)

@@ -92,6 +92,17 @@ def record_episode(
     can keep its ended episodes to draw (``keep_ended`` and ``render_ended(env_index)``, as
     Hanabi does: there the ending is the point), whose last frame is the end.
     """
+    return record_steps(env, act_fn, env_index, num_steps, seed)[0]
+
+
+def record_steps(
+    env: BatchedEnv,
+    act_fn: ActFn | None = None,
+    env_index: int = 0,
+    num_steps: int | None = None,
+    seed: int | None = None,
+) -> tuple[list[np.ndarray], int, bool]:
+    """:func:`record_episode`'s frames, with the steps taken and whether the episode ended."""
     if not 0 <= env_index < env.num_envs:
         raise EnvError(f"env_index {env_index} is out of range [0, {env.num_envs})")
     if num_steps is not None and (not isinstance(num_steps, int) or num_steps < 0):
@@ -103,22 +114,25 @@ def record_episode(
     frames = [render_frame(env, env_index)]
     keeps = hasattr(env, "keep_ended") and hasattr(env, "render_ended")
     kept = keeps and env.keep_ended  # type: ignore[attr-defined]
+    taken, ended = 0, False
     try:
         if keeps:
             env.keep_ended = True  # type: ignore[attr-defined]
         for _ in range(limit):
             actions = act_fn(step) if act_fn is not None else random_actions(env, step, generator)
             step = env.step(actions)
+            taken += 1
             if bool(step.done[env_index]):
+                ended = True
                 if keeps:
-                    ended = env.render_ended(env_index)  # type: ignore[attr-defined]
-                    frames.append(np.asarray(ended, dtype=np.uint8))
+                    last = env.render_ended(env_index)  # type: ignore[attr-defined]
+                    frames.append(np.asarray(last, dtype=np.uint8))
                 break
             frames.append(render_frame(env, env_index))
     finally:
         if keeps:
             env.keep_ended = kept  # type: ignore[attr-defined]
-    return frames
+    return frames, taken, ended
 
 
 def render_frame(env: BatchedEnv, env_index: int = 0) -> np.ndarray:
