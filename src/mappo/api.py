@@ -40,6 +40,7 @@ class Policy:
         device: torch.device,
         checkpoint: Path | None = None,
         env_steps: int | None = None,
+        source: str | None = None,
     ) -> None:
         self.model = policy.eval()
         self.spec = spec
@@ -47,6 +48,8 @@ class Policy:
         self.device = device
         self.checkpoint = checkpoint
         """The checkpoint file the policy was loaded from (``None``: built in this process)."""
+        self.source = source or (str(checkpoint) if checkpoint is not None else None)
+        """What it was loaded from as the caller named it (a run directory or a checkpoint)."""
         self.env_steps = env_steps
         """The env steps its run had trained when the checkpoint was saved, where known."""
         self._states: dict[str, Tensor] | None = None
@@ -110,7 +113,7 @@ class Policy:
         saved = (
             contextlib.nullcontext()
             if self.checkpoint is None
-            else from_saved(str(self.checkpoint))
+            else from_saved(self.source or str(self.checkpoint))
         )
         with saved, library_defaults():  # (float32 observations, whatever the caller's)
             # (inside: the memory check makes a copy of the env, under the same trust rule)
@@ -123,7 +126,7 @@ class Policy:
                 **fit_workers(kwargs, episodes),
             )
         with env, library_defaults():
-            check_same_spec(self.spec, env, name, str(self.checkpoint or "the policy"), env_kwargs)
+            check_same_spec(self.spec, env, name, self.source or "the policy", env_kwargs)
             return evaluate(self.model, env, seed, deterministic, generator)
 
     @torch.no_grad()
@@ -341,7 +344,7 @@ def _warn_of_a_foreign_checkpoint(run_dir: Path, path: Path, ckpt: dict[str, Any
 
 def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Policy:
     """Load the policy of a run directory (its newest checkpoint) or of a checkpoint file."""
-    path = Path(path)
+    given, path = str(path), Path(path)
     if path.is_dir():
         run_dir = path
         path, ckpt = load_latest(run_dir)
@@ -363,4 +366,4 @@ def load_policy(path: str | Path, device: str | torch.device = "cpu") -> Policy:
         raise CheckpointError(f"'{path}' does not match its own config: {first}") from None
     progress = ckpt.get("progress")
     steps = progress.get("env_steps") if isinstance(progress, dict) else None
-    return Policy(model.to(dev), spec, cfg, dev, checkpoint=path, env_steps=steps)
+    return Policy(model.to(dev), spec, cfg, dev, checkpoint=path, env_steps=steps, source=given)

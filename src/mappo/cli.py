@@ -300,11 +300,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _eval_saved(args: argparse.Namespace) -> int:
-    from mappo.api import check_same_spec, load_policy
+    from mappo.api import load_policy
     from mappo.envs.registry import fit_workers, make
     from mappo.envs.rendering import record_episode, render_frame, save_gif
-    from mappo.evaluation import evaluate
-    from mappo.trainer import check_evaluation_memory
 
     if args.gif:
         _check_gif_path(args.gif)  # before the evaluation, which may take long
@@ -313,16 +311,11 @@ def _eval_saved(args: argparse.Namespace) -> int:
     given = _env_parameters(args.kwargs, "eval", "render_mode=rgb_array", fixes)
     policy = load_policy(args.path, device=args.device)
     cfg = policy.config
-    cfg.env.kwargs = {**cfg.env.kwargs, **given}
-    check_evaluation_memory(cfg, args.episodes, args.device)
+    kwargs = {**cfg.env.kwargs, **given}
 
     def gif_env() -> Any:
         return make(
-            cfg.env.name,
-            num_envs=1,
-            device=args.device,
-            seed=args.seed,
-            **fit_workers(cfg.env.kwargs, 1),
+            cfg.env.name, num_envs=1, device=args.device, seed=args.seed, **fit_workers(kwargs, 1)
         )
 
     if args.gif:  # an env that cannot draw itself is refused before the evaluation
@@ -331,22 +324,9 @@ def _eval_saved(args: argparse.Namespace) -> int:
         with gif_env() as single:
             single.reset(seed=args.seed)
             render_frame(single)
-    env = make(
-        cfg.env.name,
-        num_envs=args.episodes,
-        device=args.device,
-        seed=args.seed,
-        **fit_workers(cfg.env.kwargs, args.episodes),
+    result = policy.evaluate(
+        args.episodes, args.seed, not args.sample, _sampling(args, policy.device), **given
     )
-    with env:
-        check_same_spec(policy.spec, env, cfg.env.name, args.path, given)
-        result = evaluate(
-            policy.model,
-            env,
-            seed=args.seed,
-            deterministic=not args.sample,
-            generator=_sampling(args, env.device),
-        )
     result = {"task": cfg.env.name, "algo": cfg.algo_name, **result}
     if policy.env_steps is not None:  # which checkpoint: a run may still be training
         result["trained_env_steps"] = float(policy.env_steps)
