@@ -613,3 +613,21 @@ def test_a_notebooks_adapter_class_in_worker_processes_names_the_fix():
     assert "cannot reach worker processes: pass env.kwargs.num_workers=0" in done.stdout, (
         done.stdout + done.stderr
     )
+
+
+def test_observations_of_images_size_are_named_before_training():
+    """An env whose agents observe more than 10,000 values (images: a butterfly game's 403,200
+    pixels) is told that the networks read them flat, with the weights that takes."""
+    import warnings
+
+    from toy_env import MatchEnv
+
+    from mappo import config as C
+    from mappo.trainer import _warn_large_observations
+
+    cfg = C.load("mpe/simple_spread")
+    with pytest.warns(UserWarning, match="observes 10,002 values per agent .*640,128 weights"):
+        _warn_large_observations(cfg, MatchEnv(1, num_actions=10_001))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_large_observations(cfg, MatchEnv(1))

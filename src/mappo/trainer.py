@@ -610,6 +610,7 @@ def train(
         trainer = Trainer(cfg)
         _warn_new_run(cfg)  # (once the env is made: a config refused there has no use for it)
         _warn_continuous_options(cfg, trainer.env)
+        _warn_large_observations(cfg, trainer.env)
         try:
             path = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
             trainer.caller_folder = run_dir is not None and path.is_dir()
@@ -687,6 +688,29 @@ def _warn_continuous_options(cfg: TrainConfig, env: BatchedEnv) -> None:
             f"'{cfg.env.name}' acts in discrete actions, so they change nothing",
             stacklevel=3,
         )
+
+
+_LARGE_OBSERVATION = 10_000
+"""Values per agent's observation above which a run is told that the MLP reads them flat (the
+largest of the built-in tasks has about 1,200: SMAC's 27m_vs_30m)."""
+
+
+def _warn_large_observations(cfg: TrainConfig, env: BatchedEnv) -> None:
+    """Warn where a group's observations are images or as large (a PettingZoo butterfly game's
+    403,200 pixel values): the networks read them flattened into their first layer, which is
+    slow and large, and no convolutional encoder is offered."""
+    for name, group in env.spec.groups.items():
+        size = math.prod(group.obs_shape)
+        if size > _LARGE_OBSERVATION:
+            first = cfg.model.hidden_sizes[0] if cfg.model.hidden_sizes else 0
+            warnings.warn(
+                f"group '{name}' of '{cfg.env.name}' observes {size:,} values per agent (shape "
+                f"{tuple(group.obs_shape)}), which the networks read flattened (no "
+                f"convolutional encoder): their first layers alone hold {size * first:,} "
+                "weights each; downscale or crop such observations in the env (and scale pixel "
+                "values to [0, 1]) for a usable speed",
+                stacklevel=3,
+            )
 
 
 def _check_unused(path: Path) -> None:
@@ -826,6 +850,7 @@ def _run_stacked(
             trainers[k].error_prefix = f"seed {c.seed}: "
         if checkpoints is None:
             _warn_continuous_options(cfg, trainers[0].env)
+            _warn_large_observations(cfg, trainers[0].env)
             for k, t in enumerate(trainers):
                 t.run_dir = run_dirs[k] if run_dirs is not None else new_run_dir(t.cfg)
                 t.caller_folder = caller_folders is not None and caller_folders[k]
