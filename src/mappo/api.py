@@ -16,7 +16,15 @@ from torch import Tensor
 from mappo import config as config_mod
 from mappo.acting import Acting, act
 from mappo.checkpoint import CheckpointError, load_checkpoint, load_latest
-from mappo.data import EnvSpec, EnvStep, library_defaults, spec_from_dict
+from mappo.data import (
+    EnvSpec,
+    EnvStep,
+    library_defaults,
+    spec_difference,
+    spec_from_dict,
+    spec_to_dict,
+)
+from mappo.envs.base import EnvError
 from mappo.learners import build_networks
 
 
@@ -102,7 +110,9 @@ class Policy:
         if not isinstance(deterministic, bool):
             raise TypeError(f"deterministic must be True or False, got {deterministic!r}")
         fixes = {"num_envs": "episodes=N", "device": "load_policy(device=)"}
-        for key in env_kwargs.keys() & fixes.keys():
+        taken = sorted(env_kwargs.keys() & fixes.keys())
+        if taken:
+            key = taken[0]
             raise ValueError(f"{key} is not an env parameter of evaluate; use {fixes[key]}")
         name = self.config.env.name
         kwargs = {**self.config.env.kwargs, **env_kwargs}
@@ -110,11 +120,7 @@ class Policy:
         cfg = dataclasses.replace(self.config, env=env_cfg)
         if not deterministic and generator is None:
             generator = torch.Generator(device=self.device).manual_seed(seed)
-        saved = (
-            contextlib.nullcontext()
-            if self.checkpoint is None
-            else from_saved(self.source or str(self.checkpoint))
-        )
+        saved = contextlib.nullcontext() if self.source is None else from_saved(self.source)
         with saved, library_defaults():  # (float32 observations, whatever the caller's)
             # (inside: the memory check makes a copy of the env, under the same trust rule)
             check_evaluation_memory(cfg, episodes, self.device)
@@ -256,9 +262,6 @@ def check_same_spec(
     """Refuse an env whose spec no longer fits the run's networks (its code or parameters
     changed since training, or ``given``: parameters of the caller's), in one line instead
     of a shape error deep in a network."""
-    from mappo.data import spec_difference, spec_to_dict
-    from mappo.envs.base import EnvError
-
     problem = spec_difference(spec_to_dict(trained), env.spec, bounds=True)
     if problem is not None and given:
         words = " ".join(f"{k}={v}" for k, v in given.items())
