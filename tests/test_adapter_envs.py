@@ -209,6 +209,55 @@ class ScoredTinyEnv(TinyEnv):
         return np.full((8, 12, 3), (10 * (self.seed_used or 0) + self.t) % 256, np.uint8)
 
 
+class PictureEnv(ParallelEnv):
+    """Two agents that observe 8-bit pictures ``[6, 5, 3]`` and a state that is one too
+    (``[4, 4, 2]``), with ``Discrete(3)`` actions; episodes last ``max_cycles`` steps. Pixel
+    ``(r, c, k)`` of agent ``i`` at step ``t`` is ``(40 t + 100 i + 7 r + 3 c + k + a) % 256``,
+    ``a`` the agent's last action; its reward is 1 when ``a`` is 2."""
+
+    metadata = {"name": "picture_v0"}
+
+    def __init__(self, max_cycles: int = 4) -> None:
+        self.possible_agents = ["painter_0", "painter_1"]
+        self.max_cycles = max_cycles
+        self.agents: list[str] = []
+        self.t = 0
+        self.last = {a: 0 for a in self.possible_agents}
+
+    def observation_space(self, agent: str) -> spaces.Space:
+        return spaces.Box(0, 255, (6, 5, 3), np.uint8)
+
+    def action_space(self, agent: str) -> spaces.Space:
+        return spaces.Discrete(3)
+
+    def picture(self, agent: str) -> np.ndarray:
+        i = self.possible_agents.index(agent)
+        r, c, k = np.meshgrid(np.arange(6), np.arange(5), np.arange(3), indexing="ij")
+        value = 40 * self.t + 100 * i + 7 * r + 3 * c + k + self.last[agent]
+        return (value % 256).astype(np.uint8)
+
+    def state(self) -> np.ndarray:
+        return np.full((4, 4, 2), 10 * self.t, dtype=np.uint8)
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        self.agents, self.t = list(self.possible_agents), 0
+        self.last = {a: 0 for a in self.possible_agents}
+        return {a: self.picture(a) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:
+        self.t += 1
+        self.last = {a: int(actions[a]) for a in self.agents}
+        rewards = {a: float(self.last[a] == 2) for a in self.agents}
+        ended = self.t >= self.max_cycles
+        obs = {a: self.picture(a) for a in self.agents}
+        terms = {a: False for a in self.agents}
+        truncs = {a: ended for a in self.agents}
+        infos = {a: {} for a in self.agents}
+        if ended:
+            self.agents = []
+        return obs, rewards, terms, truncs, infos
+
+
 def _width(space: spaces.Space) -> int:
     """Entries of a flat action mask for ``space`` (a Box's size, for the refusal test)."""
     if hasattr(space, "nvec"):

@@ -70,6 +70,12 @@ CASES = {
     ),
     # a Gaussian policy with per-agent parameters
     "continuous_per_agent": ("mpe/simple_spread_continuous", {"model.share_params": False}),
+    # convolutions over image observations and an image state, one set of filters per agent
+    # (a grouped convolution under vmap); tanh for the reason above
+    "cnn_per_agent": (
+        "grid/spread",
+        {"model.share_params": False, "model.activation": "tanh", "model.cnn_channels": [4]},
+    ),
     # turn-based play (one acting player, the losses on its rows) and a rollout in bytes; tanh
     # for the reason above
     "hanabi_bytes": (

@@ -69,7 +69,35 @@ class ModelConfig:
 
     hidden_sizes: list = _field([64, 64], "Hidden layer sizes of the MLP base.")
     activation: str = _field("relu", "Hidden activation.", choices=("relu", "tanh"))
-    feature_norm: bool = _field(True, "LayerNorm on the input features.")
+    encoder: str = _field(
+        "mlp",
+        "What reads the inputs before the MLP: 'mlp' (nothing; inputs flattened, the paper's "
+        "MLPBase) or 'cnn' (convolutions over every input that is an image, i.e. has three "
+        "axes, as the paper's CNNBase; the others stay flat).",
+        choices=("mlp", "cnn"),
+    )
+    cnn_channels: list = _field(
+        [32], "model.encoder=cnn: output channels of each convolution (the paper: one of 32)."
+    )
+    cnn_kernels: list = _field([3], "model.encoder=cnn: kernel size of each convolution.")
+    cnn_strides: list = _field([1], "model.encoder=cnn: stride of each convolution.")
+    image_layout: str = _field(
+        "auto",
+        "model.encoder=cnn: the images' axes, 'hwc' ([height, width, channels], Gymnasium and "
+        "PettingZoo) or 'chw'; 'auto' takes the end axis of at most 4 values as the channels.",
+        choices=("auto", "hwc", "chw"),
+    )
+    image_scale: float = _field(
+        1 / 255,
+        "model.encoder=cnn: images are multiplied by this first (1/255 turns 8-bit pixels into "
+        "[0, 1], as the paper's CNN does; 1 for images already scaled).",
+        low=0.0,
+        low_open=True,
+    )
+    feature_norm: bool = _field(
+        True,
+        "LayerNorm on the input features (with model.encoder=cnn: on the convolutions' output).",
+    )
     layer_norm: bool = _field(True, "LayerNorm after each hidden layer and the recurrent layer.")
     recurrent: str = _field(
         "gru",
@@ -757,6 +785,13 @@ def check(cfg: TrainConfig, saved: bool = False) -> None:
             f"config field 'model.precision' is {cfg.model.precision!r} but bf16 networks cover "
             f"algo.name=mappo only, not {cfg.algo.name!r}; set model.precision=fp32"
         )
+    convs = [cfg.model.cnn_channels, cfg.model.cnn_kernels, cfg.model.cnn_strides]
+    if len({len(c) for c in convs}) > 1:
+        raise ConfigError(
+            "config fields 'model.cnn_channels', 'model.cnn_kernels' and 'model.cnn_strides' "
+            f"describe one convolution per entry but have {len(convs[0])}, {len(convs[1])} "
+            f"and {len(convs[2])} entries; give each the same number"
+        )
     if cfg.compile == "on" and cfg.family != "ppo":
         raise ConfigError(
             f"config field 'compile' is 'on' but the compiled path covers algo.name=mappo only, "
@@ -1070,6 +1105,14 @@ def given_keys(values: dict[str, Any], cfg: TrainConfig) -> set[str]:
 
 # Keys that only MAPPO reads: the value family and COMA play whole episodes per iteration and
 # act in discrete action spaces with networks of their own (nn.q_agents, nn.coma).
+_CNN_KEYS = (
+    "model.cnn_channels",
+    "model.cnn_kernels",
+    "model.cnn_strides",
+    "model.image_layout",
+    "model.image_scale",
+)
+
 _MAPPO_ONLY = {
     "rollout_length": "plays whole episodes, env.num_envs of them an iteration",
     "model.policy_gain": "initialises its networks' heads as PyMARL does",
@@ -1085,6 +1128,13 @@ def unread(cfg: TrainConfig, given: set[str]) -> list[tuple[str, str]]:
     sentence saying why and what to do: ``[(key, "config field '<key>' ...")]``."""
     algo = cfg.algo
     out: list[tuple[str, str]] = []
+    if cfg.model.encoder != "cnn":
+        for key in _CNN_KEYS:
+            if key in given:
+                out.append(
+                    (key, f"is read with model.encoder=cnn only, and model.encoder is "
+                     f"{cfg.model.encoder!r}; set model.encoder=cnn or drop it")
+                )  # fmt: skip
     if cfg.family != "ppo":
         for key, why in _MAPPO_ONLY.items():
             if key in given:

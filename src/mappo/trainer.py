@@ -696,21 +696,46 @@ largest of the built-in tasks has about 1,200: SMAC's 27m_vs_30m)."""
 
 
 def _warn_large_observations(cfg: TrainConfig, env: BatchedEnv) -> None:
-    """Warn where a group's observations are images or as large (a PettingZoo butterfly game's
-    403,200 pixel values): the networks read them flattened into their first layer, which is
-    slow and large, and no convolutional encoder is offered."""
+    """Warn where a group's observations are as large as images (a PettingZoo butterfly game's
+    403,200 pixel values) and the networks' first dense layer reads that many values: the
+    observations flattened (``model.encoder=mlp``), or convolution maps that the strides left
+    that large (``model.encoder=cnn``). Such a layer is slow and large."""
+    from mappo.nn.layers import conv_maps, image_layout
+
+    first = cfg.model.hidden_sizes[0] if cfg.model.hidden_sizes else 0
+    m = cfg.model
+    layers = list(zip(m.cnn_channels, m.cnn_kernels, m.cnn_strides, strict=True))
     for name, group in env.spec.groups.items():
-        size = math.prod(group.obs_shape)
-        if size > _LARGE_OBSERVATION:
-            first = cfg.model.hidden_sizes[0] if cfg.model.hidden_sizes else 0
-            warnings.warn(
-                f"group '{name}' of '{cfg.env.name}' observes {size:,} values per agent (shape "
-                f"{tuple(group.obs_shape)}), which the networks read flattened (no "
-                f"convolutional encoder): their first layers alone hold {size * first:,} "
-                "weights each; downscale or crop such observations in the env (and scale pixel "
-                "values to [0, 1]) for a usable speed",
-                stacklevel=3,
-            )
+        size, image = math.prod(group.obs_shape), len(group.obs_shape) == 3
+        if size <= _LARGE_OBSERVATION:
+            continue
+        shape = tuple(group.obs_shape)
+        if cfg.model.encoder == "cnn" and image:
+            ch, h, w, _ = image_layout(shape, cfg.model.image_layout, name)
+            maps = conv_maps((ch, h, w), layers)
+            if maps > _LARGE_OBSERVATION:
+                warnings.warn(
+                    f"group '{name}' of '{cfg.env.name}' observes {shape} images whose "
+                    f"convolutions (model.cnn_channels={cfg.model.cnn_channels}, cnn_kernels="
+                    f"{cfg.model.cnn_kernels}, cnn_strides={cfg.model.cnn_strides}) leave "
+                    f"{maps:,} values for the first dense layer ({maps * first:,} weights); "
+                    "larger strides or more layers shrink them, e.g. model.cnn_channels="
+                    "[32,64,64] model.cnn_kernels=[8,4,3] model.cnn_strides=[4,2,1]",
+                    stacklevel=3,
+                )
+            continue
+        fix = (
+            "train with model.encoder=cnn (convolutions over images), or downscale"
+            if image
+            else "downscale"
+        )
+        warnings.warn(
+            f"group '{name}' of '{cfg.env.name}' observes {size:,} values per agent (shape "
+            f"{shape}), which the networks read flattened: their first layers alone hold "
+            f"{size * first:,} weights each; {fix} or crop such observations in the env for "
+            "a usable speed",
+            stacklevel=3,
+        )
 
 
 def _check_unused(path: Path) -> None:

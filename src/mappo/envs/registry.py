@@ -294,6 +294,7 @@ def _load_builtin() -> None:
         "mappo.envs.mpe",
         "mappo.envs.smac",
         "mappo.envs.hanabi",
+        "mappo.envs.grid",
         "mappo.envs.vmas",
         "mappo.envs.adapters",
         "mappo.envs.football",

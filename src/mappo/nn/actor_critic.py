@@ -18,15 +18,59 @@ from mappo.acting import GroupAct
 from mappo.config import AlgoConfig, ConfigError, ModelConfig
 from mappo.data import EnvSpec, EnvStep, GroupSpec
 from mappo.nn.distributions import DiagGaussian, MultiCategorical
-from mappo.nn.layers import MLP, AgentLinear, RecurrentCore
+from mappo.nn.layers import MLP, AgentLinear, ConvEncoder, RecurrentCore, image_layout
 from mappo.nn.normalizers import PopArt, ValueNorm
 
 
-class Trunk(nn.Module):
-    """MLP base followed by an optional recurrent layer: ``[L, *B, C, in] -> [L, *B, C, H]``."""
+def image_encoder(
+    in_features: int, shape: tuple[int, ...], cfg: ModelConfig, copies: int, what: str
+) -> ConvEncoder | None:
+    """The convolutions of ``model.encoder=cnn`` over an input whose unflattened ``shape`` is
+    an image (three axes); ``None`` for other inputs and for ``model.encoder=mlp``."""
+    if cfg.encoder != "cnn" or len(shape) != 3:
+        return None
+    layers = list(zip(cfg.cnn_channels, cfg.cnn_kernels, cfg.cnn_strides, strict=True))
+    return ConvEncoder(
+        in_features,
+        image_layout(tuple(shape), cfg.image_layout, what),
+        layers,
+        cfg.activation,
+        copies,
+        cfg.image_scale,
+        what,
+    )
 
-    def __init__(self, in_features: int, cfg: ModelConfig, copies: int) -> None:
+
+def check_images(trunks: list[Trunk], spec: EnvSpec, cfg: ModelConfig) -> None:
+    """Refuse ``model.encoder=cnn`` where no network of the env reads an image: it would train
+    the MLP on flat inputs while the user expects convolutions."""
+    if cfg.encoder != "cnn" or any(t.encoder is not None for t in trunks):
+        return
+    shapes = ", ".join(f"'{n}' {tuple(g.obs_shape)}" for n, g in spec.groups.items())
+    raise ConfigError(
+        f"model.encoder=cnn convolves inputs that are images (three axes), but this env's "
+        f"observations are {shapes} and its state {tuple(spec.state_shape)}; drop "
+        "model.encoder=cnn (or give the env image observations)"
+    )
+
+
+class Trunk(nn.Module):
+    """Optional convolutions over an image input (``model.encoder=cnn``), the MLP base and an
+    optional recurrent layer: ``[L, *B, C, in] -> [L, *B, C, H]``. ``shape``: the input's shape
+    before flattening (an agent id appended to it aside); ``what`` names it in errors."""
+
+    def __init__(
+        self,
+        in_features: int,
+        cfg: ModelConfig,
+        copies: int,
+        shape: tuple[int, ...] = (),
+        what: str = "the input",
+    ) -> None:
         super().__init__()
+        self.encoder = image_encoder(in_features, shape, cfg, copies, what)
+        if self.encoder is not None:
+            in_features = self.encoder.out_features
         self.mlp = MLP(
             in_features,
             list(cfg.hidden_sizes),
@@ -46,6 +90,10 @@ class Trunk(nn.Module):
     def state_size(self) -> int:
         return self.rnn.state_size if self.rnn is not None else 0
 
+    def features(self, x: Tensor) -> Tensor:
+        """The encoder and the MLP (no recurrence): ``[..., C, in] -> [..., C, H]``."""
+        return self.mlp(x if self.encoder is None else self.encoder(x))
+
     def forward(
         self,
         x: Tensor,
@@ -54,7 +102,7 @@ class Trunk(nn.Module):
         inject: Tensor | None = None,
         whole_episodes: bool = False,
     ) -> tuple[Tensor, Tensor]:
-        h = self.mlp(x)
+        h = self.features(x)
         if self.rnn is None:
             return h, state
         return self.rnn(h, state, starts, inject, whole_episodes)
@@ -84,7 +132,7 @@ class Actor(nn.Module):
     for a continuous group a diagonal Gaussian (``model.action_bounds``, ``log_std_init``,
     ``state_dependent_std``)."""
 
-    def __init__(self, group: GroupSpec, cfg: ModelConfig) -> None:
+    def __init__(self, group: GroupSpec, cfg: ModelConfig, what: str = "the observations") -> None:
         super().__init__()
         n = group.num_agents
         self.nvec = group.action.nvec
@@ -93,7 +141,7 @@ class Actor(nn.Module):
         self.agent_id = cfg.agent_id
         self.bf16 = cfg.precision == "bf16"
         in_features = math.prod(group.obs_shape) + (n if cfg.agent_id else 0)
-        self.trunk = Trunk(in_features, cfg, self.copies)
+        self.trunk = Trunk(in_features, cfg, self.copies, group.obs_shape, what)
         d = group.action.total
         self.state_dependent_std = self.continuous and cfg.state_dependent_std
         out = 2 * d if self.state_dependent_std else d
@@ -164,7 +212,7 @@ class Actor(nn.Module):
         with _precision(self.bf16, obs):
             # the rows picked before a byte rollout's conversion: only they are converted
             x = _as_float(self._inputs(obs, rows.dim() - 1)[rows])  # [K, in]
-            out = self.head(self.trunk.mlp(x))
+            out = self.head(self.trunk.features(x))
         return self._policy(out.float(), None if mask is None else mask[rows])
 
     def _inputs(self, obs: Tensor, lead: int) -> Tensor:
@@ -194,12 +242,20 @@ _LOG_STD_MIN, _LOG_STD_MAX = -20.0, 2.0
 class Critic(nn.Module):
     """The value function of one group: ``[L, *B, C, in] -> normalised values [L, *B, C]``."""
 
-    def __init__(self, in_features: int, copies: int, cfg: ModelConfig, value_norm: str) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        copies: int,
+        cfg: ModelConfig,
+        value_norm: str,
+        shape: tuple[int, ...] = (),
+        what: str = "the critic's input",
+    ) -> None:
         super().__init__()
         self.copies = copies
         self.in_features = in_features
         self.bf16 = cfg.precision == "bf16"
-        self.trunk = Trunk(in_features, cfg, copies)
+        self.trunk = Trunk(in_features, cfg, copies, shape, what)
         self.head = AgentLinear(self.trunk.out_features, 1, copies)
         self.head.reset_parameters(gain=1.0)
         self.normalizer: ValueNorm | None = {
@@ -231,7 +287,7 @@ class Critic(nn.Module):
         """Normalised values ``[K]`` at the rows ``rows`` (bool ``[L, *B, C]``) of ``x [L, *B, C,
         in]`` only, in row-major order; for a :attr:`rowwise` critic."""
         with _precision(self.bf16, x):
-            v = self.head(self.trunk.mlp(_as_float(x[rows])))
+            v = self.head(self.trunk.features(_as_float(x[rows])))
         return v.float().squeeze(-1)
 
     def denormalize(self, v: Tensor) -> Tensor:
@@ -271,18 +327,19 @@ class ActorCritic(nn.Module):
         self.critic_inputs: dict[str, CriticInput] = {}
         for name, group in spec.groups.items():
             n = group.num_agents
-            self.actors[name] = Actor(group, model)
+            self.actors[name] = Actor(group, model, f"group '{name}'s observations")
             source = algo.critic_input
             if source == "agent_state" and group.agent_state_shape is None:
                 raise ConfigError(
                     f"config field 'algo.critic_input' is 'agent_state' but this env gives "
                     f"group '{name}' no agent-specific state; set algo.critic_input=state"
                 )
-            width = {
-                "state": math.prod(spec.state_shape),
-                "agent_state": math.prod(group.agent_state_shape or ()),
-                "local": math.prod(group.obs_shape),
+            shape = {
+                "state": spec.state_shape,
+                "agent_state": group.agent_state_shape or (),
+                "local": group.obs_shape,
             }[source]
+            width = math.prod(shape)
             agent_id = model.agent_id or algo.death_masked_critic
             # With the global state as input, shared parameters and nothing agent-specific, every
             # agent's critic sees the same input and returns the same value: compute it once per
@@ -297,8 +354,12 @@ class ActorCritic(nn.Module):
                 1 if model.share_params else copies,
                 model,
                 algo.value_norm,
+                tuple(shape),
+                f"group '{name}'s critic input ({source})",
             )
             self.register_buffer(f"eye_{name}", torch.eye(n), persistent=False)
+        trunks = [m.trunk for m in (*self.actors.values(), *self.critics.values())]
+        check_images(trunks, spec, model)
 
     def critic_input(self, name: str, step: EnvStep, final: bool = False) -> Tensor:
         """The critic input ``[*B, C, in]`` of group ``name`` at ``step`` (``final``: the

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mappo.config import ConfigError
 from mappo.nn.gru_sequence import SequenceGRU, native_library
 
 
@@ -99,6 +100,109 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
+
+
+def image_layout(shape: tuple[int, ...], layout: str, what: str) -> tuple[int, int, int, bool]:
+    """``(channels, height, width, channels_last)`` of a 3-D observation ``shape``.
+
+    ``layout`` ``"auto"`` reads the channels from the axis of at most 4 values (RGB, RGBA, a
+    stack of frames) at one end of ``shape`` where the other end is longer; Gymnasium and
+    PettingZoo images are ``[H, W, C]``, torch's ``[C, H, W]``. ``what`` names the input in the
+    error raised where the shape does not tell."""
+    if len(shape) != 3:
+        raise ValueError(f"{what} has shape {tuple(shape)}; an image has three axes")
+    if layout == "auto":
+        first = shape[0] <= 4 and shape[0] < shape[-1]
+        last = shape[-1] <= 4 and shape[-1] < shape[0]
+        if first == last:
+            raise ConfigError(
+                f"{what} has shape {tuple(shape)}, whose colour-channel axis cannot be told "
+                "from its sizes; set model.image_layout=hwc ([height, width, channels]) or "
+                "model.image_layout=chw ([channels, height, width])"
+            )
+        layout = "hwc" if last else "chw"
+    if layout == "hwc":
+        return shape[2], shape[0], shape[1], True
+    return shape[0], shape[1], shape[2], False
+
+
+def conv_maps(image: tuple[int, int, int], layers: list[tuple[int, int, int]]) -> int:
+    """Values in the flattened output maps of ``layers`` (``(channels, kernel, stride)``, no
+    padding) over an image of ``(channels, height, width)``; 0 where a kernel does not fit."""
+    ch, h, w = image
+    for out_ch, kernel, stride in layers:
+        if kernel > min(h, w):
+            return 0
+        ch, h, w = out_ch, (h - kernel) // stride + 1, (w - kernel) // stride + 1
+    return ch * h * w
+
+
+class ConvEncoder(nn.Module):
+    """Convolutions over an image input, for observations that are pictures.
+
+    The input is the flat ``[..., C, in]`` vector the other layers read: its first
+    ``image_size`` values are the image (``[H, W, ch]`` or ``[ch, H, W]`` flattened, see
+    :func:`image_layout`), the rest (an agent id, a death mask's zeros) pass through.
+    The image is scaled by ``scale`` (1/255 turns 8-bit pixels into [0, 1], as the MAPPO
+    paper's ``CNNLayer`` divides by 255), then each ``(channels, kernel, stride)`` layer is an
+    unpadded ``Conv2d`` followed by the activation; the last layer's maps are flattened and the
+    passed-through values appended: ``[..., C, in] -> [..., C, out_features]``.
+
+    With ``copies > 1`` each agent has its own filters: the agents' images become the channel
+    groups of one grouped convolution (``groups=copies``), so all agents are still computed
+    in one call, as :class:`AgentLinear` does with one batched product.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        shape: tuple[int, int, int, bool],
+        layers: list[tuple[int, int, int]],
+        activation: str,
+        copies: int,
+        scale: float,
+        what: str = "the input",
+    ) -> None:
+        super().__init__()
+        ch, h, w, self.channels_last = shape
+        self.image = (ch, h, w)
+        self.image_size = ch * h * w
+        self.extra = in_features - self.image_size
+        self.copies, self.scale = copies, scale
+        convs: list[nn.Module] = []
+        gain = init_gain(activation)
+        for i, (out_ch, kernel, stride) in enumerate(layers):
+            if kernel > h or kernel > w:
+                raise ConfigError(
+                    f"{what}: convolution {i + 1} of model.cnn_kernels has a {kernel}x{kernel} "
+                    f"kernel but its input maps are {h}x{w} (the image is {self.image[1]}x"
+                    f"{self.image[2]}); use smaller kernels or strides, or fewer layers"
+                )
+            conv = nn.Conv2d(ch * copies, out_ch * copies, kernel, stride, groups=copies)
+            with torch.no_grad():
+                # each agent's filters on their own, as one set would be (orthogonal over its
+                # [out, in * k * k] matrix, the paper's initialisation), bias zero
+                for c in range(copies):
+                    nn.init.orthogonal_(conv.weight[c * out_ch : (c + 1) * out_ch], gain=gain)
+                conv.bias.zero_()
+            convs += [conv, _activation(activation)]
+            ch, h, w = out_ch, (h - kernel) // stride + 1, (w - kernel) // stride + 1
+        self.net = nn.Sequential(*convs)
+        self.maps = ch * h * w
+        self.out_features = self.maps + self.extra
+
+    def forward(self, x: Tensor) -> Tensor:
+        ch, h, w = self.image
+        P = self.copies
+        flat = x.reshape(-1, P, x.shape[-1])  # [N, P, in]
+        N = flat.shape[0]
+        img = flat[..., : self.image_size] * self.scale
+        if self.channels_last:
+            img = img.reshape(N, P, h, w, ch).permute(0, 1, 4, 2, 3)
+        maps = self.net(img.reshape(N, P * ch, h, w)).reshape(N, P, self.maps)
+        if self.extra:
+            maps = torch.cat([maps, flat[..., self.image_size :]], -1)
+        return maps.reshape(*x.shape[:-1], self.out_features)
 
 
 def traced(x: Tensor) -> bool:

@@ -22,14 +22,20 @@ from torch import Tensor, nn
 from mappo.acting import GroupAct
 from mappo.config import ConfigError, ModelConfig, ValueConfig
 from mappo.data import EnvSpec, GroupSpec
-from mappo.nn.actor_critic import Trunk
+from mappo.nn.actor_critic import Trunk, check_images
 from mappo.nn.layers import AgentLinear
 
 
 class QAgent(nn.Module):
     """Q-values of one group's agents: ``[L, B, n, *obs] -> [L, B, n, A]``."""
 
-    def __init__(self, group: GroupSpec, model: ModelConfig, last_action: bool) -> None:
+    def __init__(
+        self,
+        group: GroupSpec,
+        model: ModelConfig,
+        last_action: bool,
+        what: str = "the observations",
+    ) -> None:
         super().__init__()
         n, A = group.num_agents, group.action.total
         self.num_actions = A
@@ -38,7 +44,7 @@ class QAgent(nn.Module):
         self.last_action = last_action
         in_features = math.prod(group.obs_shape) + (A if last_action else 0)
         in_features += n if model.agent_id else 0
-        self.trunk = Trunk(in_features, model, self.copies)
+        self.trunk = Trunk(in_features, model, self.copies, group.obs_shape, what)
         self.head = AgentLinear(self.trunk.out_features, A, self.copies)
         self.register_buffer("eye", torch.eye(n), persistent=False)
 
@@ -165,8 +171,12 @@ class AgentNetworks(nn.Module):
                     "train this env with algo.name=mappo"
                 )
         self.agents = nn.ModuleDict(
-            {name: QAgent(g, model, last_action) for name, g in spec.groups.items()}
+            {
+                name: QAgent(g, model, last_action, f"group '{name}'s observations")
+                for name, g in spec.groups.items()
+            }
         )
+        check_images([a.trunk for a in self.agents.values()], spec, model)
 
     def unroll(self, obs: dict[str, Tensor], actions: dict[str, Tensor]) -> dict[str, Tensor]:
         """Outputs ``[L, B, n, A]`` per group over whole episodes that start at step 0;

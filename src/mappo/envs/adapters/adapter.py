@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import math
 import os
 import re
 import traceback
@@ -190,6 +191,9 @@ class ParallelEnvAdapter(BatchedEnv):
         descs, env_state, joined, limit, env_stats = self._inspect(
             factory, wrap, seed, episode_limit, read_state=global_state != "obs"
         )
+        # An image state keeps its shape for the critic's convolutions (model.encoder=cnn).
+        image_state = None if env_state is None or env_state.ndim != 3 else env_state.shape
+        env_state = None if env_state is None else env_state.reshape(-1)
         extra_stats = _check_stat_names(name, env_stats if episode_stats is None else episode_stats)
         self._stat_names = STAT_NAMES + extra_stats
         if global_state == "env" and env_state is None:
@@ -201,7 +205,8 @@ class ParallelEnvAdapter(BatchedEnv):
         )
         state_dim = int(env_state.size) if use_env_state else None
         members = _group_agents(name, descs, groups)
-        self.spec = _make_spec(descs, members, state_dim, limit, self._stat_names)
+        state_shape = None if state_dim is None else (image_state or (state_dim,))
+        self.spec = _make_spec(descs, members, state_shape, limit, self._stat_names)
         self._state_dim = state_dim
         self._join_index = _join_index(descs, members)
         config = {
@@ -434,7 +439,7 @@ class ParallelEnvAdapter(BatchedEnv):
             env_state = None
             try:
                 if read_state:
-                    env_state = np.asarray(probe.state(), dtype=np.float32).reshape(-1)
+                    env_state = np.asarray(probe.state(), dtype=np.float32)
             except (NotImplementedError, AttributeError):
                 pass
             except Exception as err:
@@ -474,7 +479,7 @@ class ParallelEnvAdapter(BatchedEnv):
         e = self.num_envs
         fields: dict[str, tuple[tuple[int, ...], str]] = {}
         for g, spec in self.spec.groups.items():
-            n, d = spec.num_agents, spec.obs_shape[0]
+            n, d = spec.num_agents, math.prod(spec.obs_shape)
             fields[f"obs/{g}"] = ((e, n, d), "float32")
             fields[f"final_obs/{g}"] = ((e, n, d), "float32")
             fields[f"reward/{g}"] = ((e, n), "float32")
@@ -556,24 +561,36 @@ class ParallelEnvAdapter(BatchedEnv):
             return torch.from_numpy(arrays[key]).to(device, copy=True)
 
         groups = list(self.spec.groups)
-        obs = {g: get(f"obs/{g}") for g in groups}
+        E, specs = self.num_envs, self.spec.groups
+
+        def shaped(key: str, g: str) -> Tensor:
+            """A group's observations ``[E, n, *obs_shape]`` (images keep their axes)."""
+            return get(key).view(E, specs[g].num_agents, *specs[g].obs_shape)
+
+        obs = {g: shaped(f"obs/{g}", g) for g in groups}
         reward = {g: get(f"reward/{g}") for g in groups}
         alive = {g: get(f"alive/{g}") for g in groups}
         masks = {g: get(f"mask/{g}") for g in groups if self.spec.groups[g].has_action_mask}
         agent_terminated = {g: get(f"agent_terminated/{g}") for g in groups}
         terminated, truncated = get("terminated"), get("truncated")
         if self._state_dim is not None:
-            state = get("state")
+            state = get("state").view(E, *self.spec.state_shape)
         else:
             state = self._join(obs)
         final_obs = final_state = None
         if not initial:
             done = terminated | truncated
             final_obs = {
-                g: torch.where(done[:, None, None], get(f"final_obs/{g}"), obs[g]) for g in groups
+                g: torch.where(
+                    done.view(E, *[1] * (obs[g].dim() - 1)),
+                    shaped(f"final_obs/{g}", g),
+                    obs[g],
+                )
+                for g in groups
             }
             if self._state_dim is not None:
-                final_state = torch.where(done[:, None], get("final_state"), state)
+                final = get("final_state").view(E, *self.spec.state_shape)
+                final_state = torch.where(done.view(E, *[1] * (state.dim() - 1)), final, state)
             else:
                 final_state = self._join(final_obs)
         self._masks = masks
@@ -818,12 +835,13 @@ def _check_user_groups(
         first = descs[members[0]]["desc"]
         for agent in members[1:]:
             d = descs[agent]["desc"]
-            if any(d[key] != first[key] for key in ("obs_dim", "nvec", "box", "mask")):
+            differ = any(d[key] != first[key] for key in ("obs_dim", "nvec", "box", "mask"))
+            if differ or _image_shape(d) != _image_shape(first):
                 raise EnvError(
                     f"{env_name}: group '{name}' mixes agents with different spaces: "
-                    f"'{members[0]}' (observation size {first['obs_dim']}, actions "
-                    f"{first['nvec'] or first['box']}) and '{agent}' (observation size "
-                    f"{d['obs_dim']}, actions {d['nvec'] or d['box']}); a group shares one "
+                    f"'{members[0]}' (observation shape {_obs_words(first)}, actions "
+                    f"{first['nvec'] or first['box']}) and '{agent}' (observation shape "
+                    f"{_obs_words(d)}, actions {d['nvec'] or d['box']}); a group shares one "
                     "observation and action space"
                 )
         out[name] = members
@@ -833,28 +851,44 @@ def _check_user_groups(
     return out
 
 
+def _image_shape(desc: dict[str, Any]) -> tuple[int, ...] | None:
+    """The shape of an agent's observation box if it is an image (three axes), else ``None``."""
+    shape = desc["obs_shape"]
+    return tuple(shape) if desc["obs_box"] and len(shape) == 3 else None
+
+
+def _obs_words(desc: dict[str, Any]) -> str:
+    return str(_image_shape(desc) or (desc["obs_dim"],))
+
+
 def _make_spec(
     descs: dict[str, dict[str, Any]],
     members: dict[str, list[str]],
-    state_dim: int | None,
+    state_shape: tuple[int, ...] | None,
     episode_limit: int,
     stat_names: tuple[str, ...] = STAT_NAMES,
 ) -> EnvSpec:
+    """The spec of the grouped agents. Observations are flat ``(d,)``, except images (a
+    ``Box`` of three axes), which keep their shape for ``model.encoder=cnn``; ``state_shape``:
+    the env's own state's (flat, or an image's), or ``None`` for the observations joined."""
     groups = {}
     for name, agents in members.items():
         first = descs[agents[0]]["desc"]
         groups[name] = GroupSpec(
             agents=tuple(agents),
-            obs_shape=(first["obs_dim"],),
+            obs_shape=_image_shape(first) or (first["obs_dim"],),
             action=ActionSpec(tuple(first["nvec"]))
             if first["box"] is None
             else ActionSpec.box(*first["box"]),
             has_action_mask=first["mask"] is not None,
         )
-    if state_dim is None:
-        state_dim = sum(g.num_agents * g.obs_shape[0] for g in groups.values())
+    if state_shape is None:
+        state_shape = (sum(g.num_agents * math.prod(g.obs_shape) for g in groups.values()),)
     return EnvSpec(
-        groups=groups, state_shape=(state_dim,), episode_limit=episode_limit, stat_names=stat_names
+        groups=groups,
+        state_shape=tuple(state_shape),
+        episode_limit=episode_limit,
+        stat_names=stat_names,
     )
 
 

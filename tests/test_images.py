@@ -1,0 +1,399 @@
+"""Image observations: the convolutional encoder (``model.encoder=cnn``) and the grid world that
+is observed as pictures (``grid/spread``)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mappo import config as config_mod
+from mappo.cli import main
+from mappo.config import AlgoConfig, ConfigError, ModelConfig
+from mappo.envs import EnvError, make
+from mappo.nn.actor_critic import ActorCritic
+from mappo.nn.layers import ConvEncoder, image_layout
+from mappo.nn.q_agents import AgentNetworks
+from mappo.trainer import Trainer, resume, train
+
+# -- the encoder ---------------------------------------------------------------------------
+
+
+def _encoder(copies: int, extra: int = 0, channels_last: bool = True) -> ConvEncoder:
+    shape = (3, 6, 5, channels_last)  # 3 channels, 6 x 5 pixels
+    layers = [(4, 3, 1), (2, 2, 2)]
+    return ConvEncoder(3 * 6 * 5 + extra, shape, layers, "relu", copies, scale=0.5)
+
+
+def test_the_encoder_is_two_convolutions_on_the_scaled_image_with_the_rest_appended() -> None:
+    torch.manual_seed(0)
+    enc = _encoder(copies=1, extra=2)
+    # 6 x 5 -> 4 x 3 (3x3, stride 1) -> 2 x 1 (2x2, stride 2), 2 channels; plus the 2 extras
+    assert enc.out_features == 2 * 2 * 1 + 2
+    x = torch.randn(4, 7, 1, 92)  # [L, B, C, in]
+    y = enc(x)
+    assert y.shape == (4, 7, 1, 6)
+    image = x[..., :90].reshape(-1, 6, 5, 3).permute(0, 3, 1, 2) * 0.5
+    c1, c2 = enc.net[0], enc.net[2]
+    want = torch.relu(c2(torch.relu(c1(image)))).reshape(4, 7, 1, 4)
+    torch.testing.assert_close(y[..., :4], want)
+    torch.testing.assert_close(y[..., 4:], x[..., 90:])  # an agent id passes through
+
+
+def test_channels_first_and_channels_last_read_the_same_picture() -> None:
+    torch.manual_seed(0)
+    last, first = _encoder(1), _encoder(1, channels_last=False)
+    first.load_state_dict(last.state_dict())
+    hwc = torch.rand(8, 1, 6, 5, 3)
+    chw = hwc.permute(0, 1, 4, 2, 3)
+    torch.testing.assert_close(last(hwc.flatten(2)), first(chw.flatten(2)))
+
+
+def test_per_agent_filters_equal_one_encoder_per_agent() -> None:
+    """copies=3: agent k's features come from its own image through its own filters only,
+    as three separate encoders would compute them (one grouped convolution)."""
+    torch.manual_seed(0)
+    grouped = _encoder(copies=3, extra=1)
+    x = torch.randn(5, 3, 91)
+    y = grouped(x)
+    for k in range(3):
+        alone = _encoder(copies=1, extra=1)
+        with torch.no_grad():
+            for mine, theirs in zip(alone.net, grouped.net, strict=True):
+                if isinstance(mine, torch.nn.Conv2d):
+                    out = mine.out_channels
+                    mine.weight.copy_(theirs.weight[k * out : (k + 1) * out])
+                    mine.bias.copy_(theirs.bias[k * out : (k + 1) * out])
+        torch.testing.assert_close(y[:, k], alone(x[:, k : k + 1])[:, 0])
+
+
+def test_each_agent_s_filters_start_orthogonal() -> None:
+    enc = _encoder(copies=2)
+    conv = enc.net[0]
+    for k in range(2):
+        w = conv.weight[k * 4 : (k + 1) * 4].reshape(4, -1)  # [out, in * k * k]
+        gain = math.sqrt(2.0)  # ReLU
+        torch.testing.assert_close(w @ w.T, gain**2 * torch.eye(4), atol=1e-5, rtol=0)
+    assert torch.all(conv.bias == 0)
+
+
+@pytest.mark.parametrize(
+    ("shape", "layout", "want"),
+    [
+        ((84, 84, 3), "auto", (3, 84, 84, True)),
+        ((4, 84, 80), "auto", (4, 84, 80, False)),
+        ((7, 7, 3), "auto", (3, 7, 7, True)),
+        ((4, 4, 2), "auto", (2, 4, 4, True)),
+        ((3, 3, 3), "hwc", (3, 3, 3, True)),
+        ((3, 3, 3), "chw", (3, 3, 3, False)),
+    ],
+)
+def test_the_colour_channels_are_found_or_named(shape, layout, want) -> None:
+    assert image_layout(shape, layout, "x") == want
+
+
+@pytest.mark.parametrize("shape", [(3, 8, 3), (16, 16, 16), (2, 2, 2)])
+def test_an_image_whose_channels_cannot_be_told_asks_for_the_layout(shape) -> None:
+    with pytest.raises(ConfigError, match="model.image_layout=hwc"):
+        image_layout(shape, "auto", "group 'a''s observations")
+
+
+def test_a_kernel_larger_than_its_maps_names_the_layer() -> None:
+    with pytest.raises(ConfigError, match="convolution 2 of model.cnn_kernels has a 5x5 kernel"):
+        ConvEncoder(75, (3, 5, 5, True), [(8, 3, 1), (8, 5, 1)], "relu", 1, 1.0)
+
+
+# -- networks ------------------------------------------------------------------------------
+
+
+def _grid_spec(**kwargs):
+    return make("grid/spread", num_envs=2, seed=0, **kwargs).spec
+
+
+def test_actor_and_critic_convolve_images_and_rows_match_the_batch() -> None:
+    torch.manual_seed(0)
+    env = make("grid/spread", num_envs=3, seed=0)
+    net = ActorCritic(env.spec, ModelConfig(encoder="cnn", recurrent="none"), AlgoConfig())
+    actor, critic = net.actors["agents"], net.critics["agents"]
+    assert actor.trunk.encoder is not None and critic.trunk.encoder is not None
+    assert actor.trunk.encoder.image == (3, 13, 13)  # [13, 13, 3] pictures, channels last
+    assert critic.trunk.encoder.image == (2, 7, 7)  # the global [7, 7, 2] grid
+    step = env.reset()
+    obs = step.obs["agents"].unsqueeze(0)  # [1, E, n, 13, 13, 3]
+    starts = torch.ones(1, 3, dtype=torch.bool)
+    dist, _ = actor(obs, net.initial_states(3, env.device)[0]["agents"], starts, None)
+    rows = torch.tensor([[[True, False, True], [False, True, False], [True, True, True]]])
+    torch.testing.assert_close(
+        actor.forward_rows(obs, rows, None).probs, dist.probs[rows], rtol=1e-5, atol=1e-6
+    )
+    x = net.critic_input("agents", step)
+    values, _ = critic(x.unsqueeze(0), net.initial_states(3, env.device)[1]["agents"], starts)
+    assert values.shape == (1, 3, 1) and torch.isfinite(values).all()
+
+
+def test_an_mlp_network_reads_the_same_images_flat() -> None:
+    net = ActorCritic(_grid_spec(), ModelConfig(recurrent="none"), AlgoConfig())
+    assert net.actors["agents"].trunk.encoder is None
+    first = net.actors["agents"].trunk.mlp.net[1]
+    assert first.in_features == 13 * 13 * 3
+
+
+def test_the_cnn_on_an_env_without_images_is_refused() -> None:
+    spec = make("mpe/simple_spread", num_envs=1).spec
+    with pytest.raises(ConfigError, match="model.encoder=cnn convolves inputs that are images"):
+        ActorCritic(spec, ModelConfig(encoder="cnn"), AlgoConfig())
+
+
+def test_value_family_agents_convolve_images_too() -> None:
+    torch.manual_seed(0)
+    spec = _grid_spec()
+    cfg = config_mod.load("grid/spread", {"algo.name": "qmix"})
+    nets = AgentNetworks(spec, cfg.model, "qmix", last_action=True)
+    agent = nets.agents["agents"]
+    assert agent.trunk.encoder is not None
+    # the image first, then the previous action and nothing else
+    assert agent.trunk.encoder.extra == 5
+    obs = torch.rand(4, 2, 3, 13, 13, 3) * 255
+    actions = torch.randint(0, 5, (4, 2, 3, 1))
+    q = nets.unroll({"agents": obs}, {"agents": actions})["agents"]
+    assert q.shape == (4, 2, 3, 5) and torch.isfinite(q).all()
+
+
+# -- config --------------------------------------------------------------------------------
+
+
+def test_the_convolutions_need_as_many_kernels_and_strides_as_channels() -> None:
+    with pytest.raises(ConfigError, match="have 2, 1 and 1 entries"):
+        config_mod.load("grid/spread", {"model.cnn_channels": [16, 32]})
+
+
+def test_cnn_settings_without_the_cnn_are_refused() -> None:
+    with pytest.raises(ConfigError, match="model.cnn_strides' is read with model.encoder=cnn"):
+        config_mod.load("mpe/simple_spread", {"model.cnn_strides": [2]})
+
+
+def test_the_command_line_refuses_the_cnn_on_flat_observations(capsys) -> None:
+    code = main(["train", "mpe/simple_spread_fast", "model.encoder=cnn", "progress=false"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.encoder=cnn convolves inputs that are images" in err[0]
+
+
+# -- the grid world ------------------------------------------------------------------------
+
+
+def test_an_agent_sees_the_grid_from_its_own_cell() -> None:
+    env = make("grid/spread", num_envs=1, seed=0, num_agents=2, size=4)
+    env.reset()
+    # agent 0 at (3, 0), agent 1 at (0, 2); targets at (0, 3) and (3, 1)
+    env.set_state(
+        {
+            "agents": torch.tensor([[12, 2]]),
+            "targets": torch.tensor([[3, 13]]),
+            "t": torch.tensor([0]),
+        }
+    )
+    obs = env._observe()[0][0] / 255  # [n, 7, 7, 3]
+    others, targets, walls = obs[0].unbind(-1)
+    assert others.nonzero().tolist() == [[0, 5]]  # (0, 2) is 3 rows up, 2 columns right
+    assert targets.nonzero().tolist() == [[0, 6], [3, 4]]
+    assert walls[4:].all() and walls[:, :3].all() and not walls[:4, 3:].any()
+    assert obs[1, ..., 1].nonzero().tolist() == [[3, 4], [6, 2]]
+
+
+def test_the_reward_is_minus_the_targets_distance_to_their_nearest_agent() -> None:
+    env = make("grid/spread", num_envs=2, seed=0, num_agents=2, size=5)
+    env.reset()
+    env.set_state(
+        {
+            # env 0: agents at (0, 0) and (4, 4), targets at (0, 2) and (4, 4); env 1: both
+            # agents at (2, 2), targets at (0, 0) and (2, 3)
+            "agents": torch.tensor([[0, 24], [12, 12]]),
+            "targets": torch.tensor([[2, 24], [0, 13]]),
+            "t": torch.tensor([0, 0]),
+        }
+    )
+    # env 0: agent 0 moves right (1 from its target), agent 1 stays; env 1: both stay
+    step = env.step({"agents": torch.tensor([[[4], [0]], [[0], [0]]])})
+    torch.testing.assert_close(step.reward["agents"][:, 0], torch.tensor([-1 / 5, -5 / 5]))
+    torch.testing.assert_close(step.stats["covered"], torch.tensor([0.5, 0.0]))
+    # a move off the grid stays put
+    step = env.step({"agents": torch.tensor([[[1], [2]], [[0], [0]]])})
+    assert env.agents[0].tolist() == [1, 24]
+
+
+def test_episodes_end_by_truncation_and_restart_from_the_env_s_generator() -> None:
+    a = make("grid/spread", num_envs=4, seed=3, length=5)
+    b = make("grid/spread", num_envs=4, seed=3, length=5)
+    sa, sb = a.reset(), b.reset()
+    moves = torch.Generator().manual_seed(0)
+    for t in range(12):
+        act = torch.randint(0, 5, (4, 3, 1), generator=moves)
+        sa, sb = a.step({"agents": act}), b.step({"agents": act})
+        assert bool(sa.truncated.all()) == ((t + 1) % 5 == 0) and not sa.terminated.any()
+        torch.testing.assert_close(sa.obs["agents"], sb.obs["agents"])
+        if sa.truncated.all():
+            assert sa.final_obs["agents"].shape == sa.obs["agents"].shape
+    # a state put into a fresh env gives the same observations
+    c = make("grid/spread", num_envs=4, seed=9, length=5)
+    c.reset()
+    torch.testing.assert_close(c.set_state(a.get_state()).obs["agents"], sa.obs["agents"])
+
+
+def test_bad_grid_parameters_name_the_fix() -> None:
+    with pytest.raises(EnvError, match="raise size or lower num_agents"):
+        make("grid/spread", num_envs=1, num_agents=5, size=3)
+    with pytest.raises(EnvError, match="size must be an integer >= 2"):
+        make("grid/spread", num_envs=1, size=1)
+
+
+def test_the_grid_renders_agents_and_targets() -> None:
+    env = make("grid/spread", num_envs=2, seed=0)
+    env.reset()
+    frame = env.render(1, size=140)
+    assert frame.shape == (140, 140, 3) and frame.dtype == np.uint8
+    colours = {tuple(c) for c in frame.reshape(-1, 3)}
+    assert (60, 90, 200) in colours and (90, 190, 90) in colours
+
+
+# -- training ------------------------------------------------------------------------------
+
+QUICK = {
+    "env.num_envs": 8,
+    "threads": 1,
+    "progress": False,
+    "tensorboard": False,
+}
+
+
+def _params(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in policy.state_dict().items()}
+
+
+def test_a_short_run_with_the_cnn_learns_to_reach_a_target(tmp_path) -> None:
+    """One agent, one target on a 4 x 4 grid: within 24k steps the greedy agent learns to
+    walk to it (a random walk stays about 2 cells away)."""
+    overrides = {
+        **QUICK,
+        "env.kwargs": {"num_agents": 1, "size": 4, "length": 8},
+        "rollout_length": 8,
+        "total_env_steps": 24_000,
+        "eval_interval": 1000,
+        "eval_episodes": 32,
+        "algo.actor_lr": 0.003,
+        "algo.critic_lr": 0.003,
+        "run_dir": str(tmp_path),
+        "seed": 1,
+    }
+    fresh = Trainer(config_mod.load("grid/spread", overrides))
+    try:
+        before = fresh.evaluate()["eval_return_mean"]
+    finally:
+        fresh.close()
+    after = train("grid/spread", overrides).summary["eval_return_mean"]
+    assert after > before + 0.5, (before, after)
+    assert after > -1.5, (before, after)
+
+
+def test_a_cnn_run_resumes_exactly(tmp_path) -> None:
+    """Per-agent filters, stopped after its second checkpoint and resumed: the same
+    parameters as the run never stopped."""
+    over = {
+        **QUICK,
+        "total_env_steps": 8 * 20 * 4,
+        "checkpoint_interval": 2,
+        "eval_interval": 3,
+        "model.share_params": False,
+    }
+    full = train("grid/spread", {**over, "run_dir": str(tmp_path / "a")})
+    part = train("grid/spread", {**over, "run_dir": str(tmp_path / "b")})
+    for p in (part.dir / "checkpoints").glob("iter_*.pt"):
+        if p.name > "iter_00000002.pt":
+            p.unlink()
+    resumed = resume(part.dir)
+    a, b = _params(full.policy), _params(resumed.policy)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+    assert resumed.summary["eval_return_mean"] == full.summary["eval_return_mean"]
+
+
+def test_large_images_are_warned_about_with_what_shrinks_them() -> None:
+    import warnings
+
+    from mappo.trainer import _warn_large_observations
+
+    env = make("grid/spread", num_envs=1, size=60)  # [119, 119, 3] pictures: 42,483 values
+    flat = config_mod.load("grid/spread", {"model.encoder": "mlp"})
+    with pytest.warns(UserWarning, match="42,483 values per agent .*model.encoder=cnn"):
+        _warn_large_observations(flat, env)
+    # the paper's one 3x3 convolution of 32 channels, stride 1: 32 x 117 x 117 maps
+    cnn = config_mod.load("grid/spread", {"model.cnn_channels": [32]})
+    with pytest.warns(UserWarning, match="leave 438,048 values .*cnn_strides=\\[4,2,1\\]"):
+        _warn_large_observations(cnn, env)
+    nature = config_mod.load(
+        "grid/spread",
+        {
+            "model.cnn_channels": [32, 64, 64],
+            "model.cnn_kernels": [8, 4, 3],
+            "model.cnn_strides": [4, 2, 1],
+        },
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_large_observations(nature, env)  # 64 x 11 x 11 = 7,744 values
+
+
+# -- PettingZoo and Gymnasium envs that observe pictures ------------------------------------
+
+
+def test_the_adapter_keeps_an_image_s_axes() -> None:
+    from test_adapter_envs import PictureEnv
+
+    env = make("pettingzoo:test_adapter_envs:PictureEnv", num_envs=2, num_workers=0)
+    try:
+        assert env.spec.groups["painter"].obs_shape == (6, 5, 3)
+        assert env.spec.state_shape == (4, 4, 2)
+        step = env.reset(seed=0)
+        ref = PictureEnv()
+        ref.reset()
+        torch.testing.assert_close(
+            step.obs["painter"][0, 1], torch.from_numpy(ref.picture("painter_1")).float()
+        )
+        assert step.state.shape == (2, 4, 4, 2)
+        for _ in range(4):
+            step = env.step({"painter": torch.tensor([[[2], [1]], [[0], [0]]])})
+            ref.step({"painter_0": 2, "painter_1": 1})
+        # the last step ends the episodes: final pictures of the last step, fresh ones after
+        assert step.truncated.all()
+        torch.testing.assert_close(
+            step.final_obs["painter"][0, 0], torch.from_numpy(ref.picture("painter_0")).float()
+        )
+        assert step.final_state.shape == (2, 4, 4, 2) and float(step.final_state[0].max()) == 40
+        assert float(step.state.max()) == 0  # the new episodes' state
+    finally:
+        env.close()
+
+
+def test_mappo_with_the_cnn_trains_on_a_pettingzoo_env_of_pictures(tmp_path) -> None:
+    run = train(
+        "pettingzoo/simple_spread",
+        {
+            "env.name": "pettingzoo:test_adapter_envs:PictureEnv",
+            "env.kwargs": {"num_workers": 0},
+            "env.num_envs": 2,
+            "rollout_length": 8,
+            "total_env_steps": 32,
+            "model.encoder": "cnn",
+            "model.cnn_kernels": [2],
+            "eval_interval": 1000,
+            "eval_episodes": 2,
+            "run_dir": str(tmp_path),
+            **{k: v for k, v in QUICK.items() if k != "env.num_envs"},
+        },
+    )
+    critic = run.policy.critics["painter"]
+    assert run.policy.actors["painter"].trunk.encoder.image == (3, 6, 5)
+    assert critic.trunk.encoder.image == (2, 4, 4)  # the env's state()
+    assert math.isfinite(run.summary["eval_return_mean"])
