@@ -397,3 +397,34 @@ def test_mappo_with_the_cnn_trains_on_a_pettingzoo_env_of_pictures(tmp_path) -> 
     assert run.policy.actors["painter"].trunk.encoder.image == (3, 6, 5)
     assert critic.trunk.encoder.image == (2, 4, 4)  # the env's state()
     assert math.isfinite(run.summary["eval_return_mean"])
+
+
+def test_8_bit_pictures_are_stored_as_bytes() -> None:
+    """A uint8 Box (pixels) and a uint8 state(): the rollout keeps them as bytes, a quarter
+    of float32; float observations stay float32."""
+    cfg = config_mod.load(
+        "pettingzoo/simple_spread",
+        {
+            "env.name": "pettingzoo:test_adapter_envs:PictureEnv",
+            "env.kwargs": {"num_workers": 0},
+            "env.num_envs": 2,
+            "rollout_length": 4,
+            "model.encoder": "cnn",
+            "model.cnn_kernels": [2],
+            **{k: v for k, v in QUICK.items() if k != "env.num_envs"},
+        },
+    )
+    trainer = Trainer(cfg)
+    try:
+        assert trainer.env.byte_observations
+        trainer.iterate()
+        buf = trainer.learner.collector.rollout.groups["painter"]
+        assert buf.obs.dtype == torch.uint8 and buf.critic_x.dtype == torch.uint8
+        assert int(buf.obs.max()) > 200  # the pixels themselves, not scaled
+    finally:
+        trainer.close()
+    flat = make("pettingzoo:test_adapter_envs:TinyEnv", num_envs=1, num_workers=0)
+    try:
+        assert not flat.byte_observations
+    finally:
+        flat.close()

@@ -188,6 +188,7 @@ class ParallelEnvAdapter(BatchedEnv):
         self._was_reset = False
         self._masks: dict[str, Tensor] = {}
 
+        self._state_bytes = False  # whether the env's state() is uint8 (set by _inspect)
         descs, env_state, joined, limit, env_stats = self._inspect(
             factory, wrap, seed, episode_limit, read_state=global_state != "obs"
         )
@@ -206,6 +207,11 @@ class ParallelEnvAdapter(BatchedEnv):
         state_dim = int(env_state.size) if use_env_state else None
         members = _group_agents(name, descs, groups)
         state_shape = None if state_dim is None else (image_state or (state_dim,))
+        # 8-bit observations (pixels) stay bytes in rollouts and replay buffers, a quarter of
+        # float32 (BatchedEnv.byte_observations): every agent's observation a uint8 Box, and
+        # the state the env's own uint8 array or those observations joined.
+        byte_obs = all(_byte_box(d["desc"]["obs_space"]) for d in descs.values())
+        self.byte_observations = byte_obs and (state_dim is None or self._state_bytes)
         self.spec = _make_spec(descs, members, state_shape, limit, self._stat_names)
         self._state_dim = state_dim
         self._join_index = _join_index(descs, members)
@@ -439,7 +445,9 @@ class ParallelEnvAdapter(BatchedEnv):
             env_state = None
             try:
                 if read_state:
-                    env_state = np.asarray(probe.state(), dtype=np.float32)
+                    raw = np.asarray(probe.state())
+                    self._state_bytes = raw.dtype == np.uint8
+                    env_state = raw.astype(np.float32)
             except (NotImplementedError, AttributeError):
                 pass
             except Exception as err:
@@ -849,6 +857,12 @@ def _check_user_groups(
     if missing:
         raise EnvError(f"{env_name}: agents {missing} are in no group; add them to one")
     return out
+
+
+def _byte_box(space: Any) -> bool:
+    """Whether an observation space is a ``Box`` of ``uint8`` values (pixels)."""
+    box = any(c.__name__ == "Box" for c in type(space).__mro__)  # (gymnasium imported lazily)
+    return box and np.dtype(space.dtype) == np.uint8
 
 
 def _image_shape(desc: dict[str, Any]) -> tuple[int, ...] | None:
