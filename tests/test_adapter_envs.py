@@ -210,33 +210,37 @@ class ScoredTinyEnv(TinyEnv):
 
 
 class PictureEnv(ParallelEnv):
-    """Two agents that observe 8-bit pictures ``[6, 5, 3]`` and a state that is one too
+    """Two agents that observe 8-bit pictures ``[8, 7, 3]`` and a state that is one too
     (``[4, 4, 2]``), with ``Discrete(3)`` actions; episodes last ``max_cycles`` steps. Pixel
     ``(r, c, k)`` of agent ``i`` at step ``t`` is ``(40 t + 100 i + 7 r + 3 c + k + a) % 256``,
-    ``a`` the agent's last action; its reward is 1 when ``a`` is 2."""
+    ``a`` the agent's last action; its reward is 1 when ``a`` is 2. ``stateless``: no
+    ``state()`` (the adapter then joins the pictures)."""
 
     metadata = {"name": "picture_v0"}
 
-    def __init__(self, max_cycles: int = 4) -> None:
+    def __init__(self, max_cycles: int = 4, stateless: bool = False) -> None:
         self.possible_agents = ["painter_0", "painter_1"]
         self.max_cycles = max_cycles
+        self.stateless = stateless
         self.agents: list[str] = []
         self.t = 0
         self.last = {a: 0 for a in self.possible_agents}
 
     def observation_space(self, agent: str) -> spaces.Space:
-        return spaces.Box(0, 255, (6, 5, 3), np.uint8)
+        return spaces.Box(0, 255, (8, 7, 3), np.uint8)
 
     def action_space(self, agent: str) -> spaces.Space:
         return spaces.Discrete(3)
 
     def picture(self, agent: str) -> np.ndarray:
         i = self.possible_agents.index(agent)
-        r, c, k = np.meshgrid(np.arange(6), np.arange(5), np.arange(3), indexing="ij")
+        r, c, k = np.meshgrid(np.arange(8), np.arange(7), np.arange(3), indexing="ij")
         value = 40 * self.t + 100 * i + 7 * r + 3 * c + k + self.last[agent]
         return (value % 256).astype(np.uint8)
 
     def state(self) -> np.ndarray:
+        if self.stateless:
+            raise NotImplementedError("no state")
         return np.full((4, 4, 2), 10 * self.t, dtype=np.uint8)
 
     def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:

@@ -353,7 +353,7 @@ def test_the_adapter_keeps_an_image_s_axes() -> None:
 
     env = make("pettingzoo:test_adapter_envs:PictureEnv", num_envs=2, num_workers=0)
     try:
-        assert env.spec.groups["painter"].obs_shape == (6, 5, 3)
+        assert env.spec.groups["painter"].obs_shape == (8, 7, 3)
         assert env.spec.state_shape == (4, 4, 2)
         step = env.reset(seed=0)
         ref = PictureEnv()
@@ -394,7 +394,7 @@ def test_mappo_with_the_cnn_trains_on_a_pettingzoo_env_of_pictures(tmp_path) -> 
         },
     )
     critic = run.policy.critics["painter"]
-    assert run.policy.actors["painter"].trunk.encoder.image == (3, 6, 5)
+    assert run.policy.actors["painter"].trunk.encoder.image == (3, 8, 7)
     assert critic.trunk.encoder.image == (2, 4, 4)  # the env's state()
     assert math.isfinite(run.summary["eval_return_mean"])
 
@@ -428,3 +428,88 @@ def test_8_bit_pictures_are_stored_as_bytes() -> None:
         assert not flat.byte_observations
     finally:
         flat.close()
+
+
+def test_pictures_without_a_state_are_joined_along_their_channels() -> None:
+    """No state(): the critic's global state is the agents' pictures stacked as channels,
+    [8, 7, 2 x 3] in agent order, a picture the critic's convolutions read."""
+    from test_adapter_envs import PictureEnv
+
+    env = make("pettingzoo:test_adapter_envs:PictureEnv", num_envs=2, num_workers=0, stateless=True)
+    try:
+        assert env.spec.state_shape == (8, 7, 6)
+        step = env.reset(seed=0)
+        ref = PictureEnv()
+        ref.reset()
+        for i, agent in enumerate(ref.possible_agents):
+            want = torch.from_numpy(ref.picture(agent)).float()
+            torch.testing.assert_close(step.state[1, ..., 3 * i : 3 * i + 3], want)
+        net = ActorCritic(env.spec, ModelConfig(encoder="cnn", cnn_kernels=[2]), AlgoConfig())
+        assert net.critics["painter"].trunk.encoder.image == (6, 8, 7)
+        step = env.step({"painter": torch.zeros(2, 2, 1, dtype=torch.long)})
+        assert step.state.shape == (2, 8, 7, 6) and env.byte_observations
+    finally:
+        env.close()
+
+
+def test_a_picture_saved_flat_by_an_older_run_is_the_same_input() -> None:
+    """Runs trained before the adapters kept pictures' axes saved them flat: the same values
+    in the same order, which their networks read flattened, so they still load."""
+    from mappo.data import spec_difference, spec_to_dict
+
+    spec = _grid_spec()
+    saved = spec_to_dict(spec)
+    saved["groups"]["agents"]["obs_shape"] = [13 * 13 * 3]
+    saved["state_shape"] = [7 * 7 * 2]
+    assert spec_difference(saved, spec) is None
+    saved["groups"]["agents"]["obs_shape"] = [13 * 13 * 3 + 1]
+    assert "observation shape (13, 13, 3) now" in spec_difference(saved, spec)
+
+
+def test_flat_readers_of_a_picture_state_see_it_scaled() -> None:
+    """QMIX's hypernetworks and COMA's critic read the state flat: with model.encoder=cnn a
+    picture state comes in scaled as the convolutions see it, not as 0-255 pixels."""
+    from mappo.nn.coma import ComaNetworks
+    from mappo.nn.q_agents import QNetworks
+
+    spec = _grid_spec()
+    cnn = config_mod.load("grid/spread", {"algo.name": "qmix"})
+    mlp = config_mod.load("grid/spread", {"algo.name": "qmix", "model.encoder": "mlp"})
+    torch.manual_seed(0)
+    nets = QNetworks(spec, cnn.model, cnn.algo)
+    assert nets.state_scale == pytest.approx(1 / 255)
+    assert QNetworks(spec, mlp.model, mlp.algo).state_scale == 1.0
+    q, state = torch.randn(4, 3), torch.randint(0, 2, (4, 7, 7, 2)).float() * 255
+    torch.testing.assert_close(nets.mix(q, state), nets.mixer(q, state.flatten(1) / 255))
+    coma = config_mod.load("grid/spread", {"algo.name": "coma"})
+    critic = ComaNetworks(spec, coma.model, coma.algo).critic
+    obs = torch.full((1, 2, 3, 13, 13, 3), 255.0)
+    x = critic.inputs(state[:2].unsqueeze(0), obs, torch.zeros(1, 2, 3, dtype=torch.long))
+    assert float(x[..., : 7 * 7 * 2 + 13 * 13 * 3].max()) == pytest.approx(1.0)
+
+
+def test_a_large_flat_state_is_warned_about_for_the_network_that_reads_it() -> None:
+    import types
+
+    from mappo.data import ActionSpec, EnvSpec, GroupSpec
+    from mappo.trainer import _warn_large_observations
+
+    group = GroupSpec(("a_0", "a_1"), (8,), ActionSpec((5,)))
+    env = types.SimpleNamespace(spec=EnvSpec({"a": group}, state_shape=(20_000,), episode_limit=5))
+    cases = [
+        ({}, "the critic of .* reads 20,000 values .*algo.critic_input=local"),
+        ({"algo.name": "qmix"}, "QMIX's hypernetworks .* read 20,000 values .*algo.name=vdn"),
+        ({"algo.name": "coma"}, "COMA's critic .* read 20,000 values"),
+    ]
+    for overrides, message in cases:
+        cfg = config_mod.load("mpe/simple_spread", overrides)
+        with pytest.warns(UserWarning, match=message):
+            _warn_large_observations(cfg, env)
+
+
+def test_the_cnn_needs_a_convolution() -> None:
+    with pytest.raises(ConfigError, match="'model.cnn_channels' is empty"):
+        config_mod.load(
+            "grid/spread",
+            {"model.cnn_channels": [], "model.cnn_kernels": [], "model.cnn_strides": []},
+        )

@@ -84,7 +84,8 @@ class ModelConfig:
     image_layout: str = _field(
         "auto",
         "model.encoder=cnn: the images' axes, 'hwc' ([height, width, channels], Gymnasium and "
-        "PettingZoo) or 'chw'; 'auto' takes the end axis of at most 4 values as the channels.",
+        "PettingZoo) or 'chw'; 'auto' takes the end axis smaller than the other two as the "
+        "channels.",
         choices=("auto", "hwc", "chw"),
     )
     image_scale: float = _field(
@@ -786,6 +787,12 @@ def check(cfg: TrainConfig, saved: bool = False) -> None:
             f"algo.name=mappo only, not {cfg.algo.name!r}; set model.precision=fp32"
         )
     convs = [cfg.model.cnn_channels, cfg.model.cnn_kernels, cfg.model.cnn_strides]
+    if cfg.model.encoder == "cnn" and not convs[0]:
+        raise ConfigError(
+            "config field 'model.cnn_channels' is empty, so model.encoder=cnn would have no "
+            "convolution; give at least one (e.g. model.cnn_channels=[32] model.cnn_kernels=[3] "
+            "model.cnn_strides=[1]) or set model.encoder=mlp"
+        )
     if len({len(c) for c in convs}) > 1:
         raise ConfigError(
             "config fields 'model.cnn_channels', 'model.cnn_kernels' and 'model.cnn_strides' "

@@ -334,6 +334,8 @@ def spec_difference(saved: dict[str, Any], spec: EnvSpec, bounds: bool = False) 
             old, new = then.get(key), g.get(key)
             if key in ("low", "high"):  # their count is the action size
                 old, new = (None if v is None else len(v) for v in (old, new))
+            if key in ("obs_shape", "agent_state_shape") and _flattened(old, new):
+                continue
             if old != new:
                 return f"group '{name}': {what} {_shown(new)} now, {_shown(old)} when trained"
         if bounds and then.get("low") is not None and not _contains(g, then):
@@ -342,12 +344,38 @@ def spec_difference(saved: dict[str, Any], spec: EnvSpec, bounds: bool = False) 
                 f"now is narrower than [{_shown(then['low'])}, {_shown(then['high'])}] when "
                 "trained"
             )
-    if list(saved["state_shape"]) != list(now["state_shape"]):
+    if list(saved["state_shape"]) != list(now["state_shape"]) and not _flattened(
+        saved["state_shape"], now["state_shape"]
+    ):
         return (
             f"the global state has shape {tuple(now['state_shape'])} now, "
             f"{tuple(saved['state_shape'])} when trained"
         )
     return None
+
+
+def channel_axis(shape: tuple[int, ...]) -> int | None:
+    """The colour-channel axis of a picture's ``shape`` (three axes): ``2`` for ``[H, W, C]``
+    (Gymnasium and PettingZoo), ``0`` for ``[C, H, W]`` (torch), taken as the end axis smaller
+    than both others (RGB 3, RGBA 4, stacked frames 12 against 84 x 84 pixels); ``None`` where
+    the sizes do not tell (both ends or neither)."""
+    if len(shape) != 3:
+        return None
+    first = shape[0] < shape[1] and shape[0] < shape[2]
+    last = shape[2] < shape[0] and shape[2] < shape[1]
+    if first == last:
+        return None
+    return 0 if first else 2
+
+
+def _flattened(then: Any, now: Any) -> bool:
+    """Whether a shape saved flat, ``(H * W * C,)``, is the picture ``now`` has axes for
+    (``(H, W, C)``): the PettingZoo and Gymnasium adapters kept pictures flat before
+    ``model.encoder=cnn`` existed, and a network trained on them reads ``now`` flattened, the
+    same values in the same order."""
+    if then is None or now is None or len(then) != 1 or len(now) < 2:
+        return False
+    return int(then[0]) == math.prod(int(v) for v in now)
 
 
 def _contains(now: dict[str, Any], then: dict[str, Any]) -> bool:

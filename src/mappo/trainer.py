@@ -696,46 +696,69 @@ largest of the built-in tasks has about 1,200: SMAC's 27m_vs_30m)."""
 
 
 def _warn_large_observations(cfg: TrainConfig, env: BatchedEnv) -> None:
-    """Warn where a group's observations are as large as images (a PettingZoo butterfly game's
-    403,200 pixel values) and the networks' first dense layer reads that many values: the
-    observations flattened (``model.encoder=mlp``), or convolution maps that the strides left
-    that large (``model.encoder=cnn``). Such a layer is slow and large."""
+    """Warn where a network's first dense layer reads as many values as an image has (a
+    PettingZoo butterfly game's 403,200 pixel values): an observation or a centralised input
+    (MAPPO's critic on the global state, QMIX's hypernetworks, COMA's critic) read flat, or
+    convolution maps that the strides left that large (``model.encoder=cnn``). Such a layer is
+    slow and large."""
+    m = cfg.model
+    first = m.hidden_sizes[0] if m.hidden_sizes else 0
+    where = f"'{cfg.env.name}'"
+    for name, group in env.spec.groups.items():
+        what = f"group '{name}' of {where} observes"
+        _warn_large_input(cfg, what, tuple(group.obs_shape), first, "", True, " per agent")
+    state = tuple(env.spec.state_shape)
+    algo = cfg.algo.name
+    if cfg.family == "ppo" and getattr(cfg.algo, "critic_input", "") == "state":
+        fix = "algo.critic_input=local (each agent's critic on its own observation)"
+        _warn_large_input(cfg, f"the critic of {where} reads", state, first, fix, True)
+    elif algo in ("qmix", "coma"):
+        width = getattr(cfg.algo, "hypernet_embed", None) or getattr(cfg.algo, "critic_hidden", 0)
+        reader = "QMIX's hypernetworks" if algo == "qmix" else "COMA's critic"
+        fix = "algo.name=vdn mixes without the state" if algo == "qmix" else "algo.name=mappo"
+        _warn_large_input(cfg, f"{reader} on {where} read", state, width, fix, False)
+
+
+def _warn_large_input(
+    cfg: TrainConfig,
+    what: str,
+    shape: tuple[int, ...],
+    width: int,
+    fix: str,
+    convolved: bool,
+    unit: str = "",
+) -> None:
+    """One warning of :func:`_warn_large_observations`: ``what`` reads an input of ``shape``
+    into a dense layer of ``width`` units, through the convolutions where ``convolved`` and
+    ``model.encoder=cnn`` and the input is a picture; ``fix``: what else shrinks it."""
     from mappo.nn.layers import conv_maps, image_layout
 
-    first = cfg.model.hidden_sizes[0] if cfg.model.hidden_sizes else 0
     m = cfg.model
-    layers = list(zip(m.cnn_channels, m.cnn_kernels, m.cnn_strides, strict=True))
-    for name, group in env.spec.groups.items():
-        size, image = math.prod(group.obs_shape), len(group.obs_shape) == 3
-        if size <= _LARGE_OBSERVATION:
-            continue
-        shape = tuple(group.obs_shape)
-        if cfg.model.encoder == "cnn" and image:
-            ch, h, w, _ = image_layout(shape, cfg.model.image_layout, name)
-            maps = conv_maps((ch, h, w), layers)
-            if maps > _LARGE_OBSERVATION:
-                warnings.warn(
-                    f"group '{name}' of '{cfg.env.name}' observes {shape} images whose "
-                    f"convolutions (model.cnn_channels={cfg.model.cnn_channels}, cnn_kernels="
-                    f"{cfg.model.cnn_kernels}, cnn_strides={cfg.model.cnn_strides}) leave "
-                    f"{maps:,} values for the first dense layer ({maps * first:,} weights); "
-                    "larger strides or more layers shrink them, e.g. model.cnn_channels="
-                    "[32,64,64] model.cnn_kernels=[8,4,3] model.cnn_strides=[4,2,1]",
-                    stacklevel=3,
-                )
-            continue
-        fix = (
-            "train with model.encoder=cnn (convolutions over images), or downscale"
-            if image
-            else "downscale"
-        )
-        warnings.warn(
-            f"group '{name}' of '{cfg.env.name}' observes {size:,} values per agent (shape "
-            f"{shape}), which the networks read flattened: their first layers alone hold "
-            f"{size * first:,} weights each; {fix} or crop such observations in the env for "
-            "a usable speed",
-            stacklevel=3,
-        )
+    size, image = math.prod(shape), len(shape) == 3
+    if size <= _LARGE_OBSERVATION:
+        return
+    if m.encoder == "cnn" and image and convolved:
+        ch, h, w, _ = image_layout(shape, m.image_layout, what)
+        layers = list(zip(m.cnn_channels, m.cnn_kernels, m.cnn_strides, strict=True))
+        maps = conv_maps((ch, h, w), layers)
+        if maps > _LARGE_OBSERVATION:
+            warnings.warn(
+                f"{what} {shape} images whose convolutions (model.cnn_channels="
+                f"{m.cnn_channels}, cnn_kernels={m.cnn_kernels}, cnn_strides={m.cnn_strides}) "
+                f"leave {maps:,} values for the first dense layer ({maps * width:,} weights); "
+                "larger strides or more layers shrink them, e.g. model.cnn_channels="
+                "[32,64,64] model.cnn_kernels=[8,4,3] model.cnn_strides=[4,2,1]",
+                stacklevel=4,
+            )
+        return
+    fixes = ["model.encoder=cnn (convolutions over images)"] if image and convolved else []
+    fixes += [fix] if fix else []
+    fixes.append("cropping or downscaling them in the env")
+    warnings.warn(
+        f"{what} {size:,} values{unit} (shape {shape}), flattened into a dense layer that "
+        f"alone holds {size * width:,} weights; for a usable speed try {', or '.join(fixes)}",
+        stacklevel=4,
+    )
 
 
 def _check_unused(path: Path) -> None:

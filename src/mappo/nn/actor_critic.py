@@ -41,16 +41,27 @@ def image_encoder(
     )
 
 
-def check_images(trunks: list[Trunk], spec: EnvSpec, cfg: ModelConfig) -> None:
+def picture_scale(shape: tuple[int, ...], cfg: ModelConfig) -> float:
+    """What an input of ``shape`` is multiplied by where a network reads it flat beside the
+    convolutions of ``model.encoder=cnn`` (QMIX's hypernetworks and COMA's critic read the
+    state so): ``model.image_scale`` for a picture (three axes), as the convolutions see it,
+    else 1. Pixels of 0-255 would otherwise enter those layers unnormalised."""
+    return cfg.image_scale if cfg.encoder == "cnn" and len(shape) == 3 else 1.0
+
+
+def check_images(trunks: list[Trunk], spec: EnvSpec, cfg: ModelConfig, state: bool = True) -> None:
     """Refuse ``model.encoder=cnn`` where no network of the env reads an image: it would train
-    the MLP on flat inputs while the user expects convolutions."""
+    the MLP on flat inputs while the user expects convolutions. ``state``: whether a network
+    with an encoder reads the global state (MAPPO's critic; not the value family's agents)."""
     if cfg.encoder != "cnn" or any(t.encoder is not None for t in trunks):
         return
     shapes = ", ".join(f"'{n}' {tuple(g.obs_shape)}" for n, g in spec.groups.items())
+    inputs = f"observations are {shapes}"
+    if state:
+        inputs += f" and its state {tuple(spec.state_shape)}"
     raise ConfigError(
         f"model.encoder=cnn convolves inputs that are images (three axes), but this env's "
-        f"observations are {shapes} and its state {tuple(spec.state_shape)}; drop "
-        "model.encoder=cnn (or give the env image observations)"
+        f"{inputs}; drop model.encoder=cnn (or give the env image observations)"
     )
 
 

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from mappo.acting import GroupAct
 from mappo.config import ComaConfig, ConfigError, ModelConfig
 from mappo.data import EnvSpec
+from mappo.nn.actor_critic import picture_scale
 from mappo.nn.q_agents import AgentNetworks
 
 
@@ -37,9 +38,13 @@ def coma_policy(logits: Tensor, mask: Tensor | None, epsilon: float) -> Tensor:
 class ComaCritic(nn.Module):
     """``Q_a(s, u^-a, .)`` for every agent: ``[L, B] inputs -> [L, B, n, A]``."""
 
-    def __init__(self, spec: EnvSpec, hidden: int) -> None:
+    def __init__(
+        self, spec: EnvSpec, hidden: int, state_scale: float = 1.0, obs_scale: float = 1.0
+    ) -> None:
         super().__init__()
         (group,) = spec.groups.values()
+        # pictures scaled as model.encoder=cnn scales them (actor_critic.picture_scale)
+        self.state_scale, self.obs_scale = state_scale, obs_scale
         n, A = group.num_agents, group.action.total
         self.n, self.A = n, A
         width = math.prod(spec.state_shape) + math.prod(group.obs_shape) + 2 * n * A + n
@@ -61,6 +66,10 @@ class ComaCritic(nn.Module):
         L, B = obs.shape[:2]
         onehot = F.one_hot(actions, self.A).to(obs.dtype).reshape(L, B, 1, -1)
         last = torch.cat([torch.zeros_like(onehot[:1]), onehot[:-1]])
+        if self.state_scale != 1.0:
+            state = state.float() * self.state_scale
+        if self.obs_scale != 1.0:
+            obs = obs.float() * self.obs_scale
         parts = [
             state.reshape(L, B, 1, -1).expand(-1, -1, self.n, -1),
             obs.reshape(L, B, self.n, -1),
@@ -86,7 +95,13 @@ class ComaNetworks(AgentNetworks):
             )
         super().__init__(spec, model, algo.name, algo.last_action)
         self.explore_epsilon = algo.epsilon_finish
-        self.critic = ComaCritic(spec, algo.critic_hidden)
+        (group,) = spec.groups.values()
+        self.critic = ComaCritic(
+            spec,
+            algo.critic_hidden,
+            picture_scale(spec.state_shape, model),
+            picture_scale(group.obs_shape, model),
+        )
 
     def act_group(
         self,

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mappo.config import ConfigError
+from mappo.data import channel_axis
 from mappo.nn.gru_sequence import SequenceGRU, native_library
 
 
@@ -105,22 +106,21 @@ class MLP(nn.Module):
 def image_layout(shape: tuple[int, ...], layout: str, what: str) -> tuple[int, int, int, bool]:
     """``(channels, height, width, channels_last)`` of a 3-D observation ``shape``.
 
-    ``layout`` ``"auto"`` reads the channels from the axis of at most 4 values (RGB, RGBA, a
-    stack of frames) at one end of ``shape`` where the other end is longer; Gymnasium and
-    PettingZoo images are ``[H, W, C]``, torch's ``[C, H, W]``. ``what`` names the input in the
-    error raised where the shape does not tell."""
+    ``layout`` ``"auto"`` takes the channels from the end axis that is smaller than both others
+    (:func:`~mappo.data.channel_axis`); Gymnasium and PettingZoo images are ``[H, W, C]``,
+    torch's ``[C, H, W]``. ``what`` names the input in the error raised where the shape does not
+    tell."""
     if len(shape) != 3:
         raise ValueError(f"{what} has shape {tuple(shape)}; an image has three axes")
     if layout == "auto":
-        first = shape[0] <= 4 and shape[0] < shape[-1]
-        last = shape[-1] <= 4 and shape[-1] < shape[0]
-        if first == last:
+        axis = channel_axis(shape)
+        if axis is None:
             raise ConfigError(
                 f"{what} has shape {tuple(shape)}, whose colour-channel axis cannot be told "
                 "from its sizes; set model.image_layout=hwc ([height, width, channels]) or "
                 "model.image_layout=chw ([channels, height, width])"
             )
-        layout = "hwc" if last else "chw"
+        layout = "hwc" if axis == 2 else "chw"
     if layout == "hwc":
         return shape[2], shape[0], shape[1], True
     return shape[0], shape[1], shape[2], False
@@ -173,10 +173,13 @@ class ConvEncoder(nn.Module):
         gain = init_gain(activation)
         for i, (out_ch, kernel, stride) in enumerate(layers):
             if kernel > h or kernel > w:
+                layout = "hwc" if self.channels_last else "chw"
                 raise ConfigError(
                     f"{what}: convolution {i + 1} of model.cnn_kernels has a {kernel}x{kernel} "
-                    f"kernel but its input maps are {h}x{w} (the image is {self.image[1]}x"
-                    f"{self.image[2]}); use smaller kernels or strides, or fewer layers"
+                    f"kernel but its input maps are {h}x{w} (the image read as {self.image[1]}x"
+                    f"{self.image[2]} pixels of {self.image[0]} channels, {layout}); use smaller "
+                    "kernels or strides, or fewer layers (or set model.image_layout if the "
+                    "channels are on the other end)"
                 )
             conv = nn.Conv2d(ch * copies, out_ch * copies, kernel, stride, groups=copies)
             with torch.no_grad():

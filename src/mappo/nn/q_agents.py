@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from mappo.acting import GroupAct
 from mappo.config import ConfigError, ModelConfig, ValueConfig
 from mappo.data import EnvSpec, GroupSpec
-from mappo.nn.actor_critic import Trunk, check_images
+from mappo.nn.actor_critic import Trunk, check_images, picture_scale
 from mappo.nn.layers import AgentLinear
 
 
@@ -176,7 +176,7 @@ class AgentNetworks(nn.Module):
                 for name, g in spec.groups.items()
             }
         )
-        check_images([a.trunk for a in self.agents.values()], spec, model)
+        check_images([a.trunk for a in self.agents.values()], spec, model, state=False)
 
     def unroll(self, obs: dict[str, Tensor], actions: dict[str, Tensor]) -> dict[str, Tensor]:
         """Outputs ``[L, B, n, A]`` per group over whole episodes that start at step 0;
@@ -231,6 +231,7 @@ class QNetworks(AgentNetworks):
     def __init__(self, spec: EnvSpec, model: ModelConfig, algo: ValueConfig) -> None:
         super().__init__(spec, model, algo.name, algo.last_action)
         self.explore_epsilon = algo.epsilon_finish
+        self.state_scale = picture_scale(spec.state_shape, model)
         state_dim = math.prod(spec.state_shape)
         self.mixer: nn.Module | None = {
             "iql": lambda: None,
@@ -249,7 +250,10 @@ class QNetworks(AgentNetworks):
         ``[..., C]`` (``C = N`` without a mixer)."""
         if self.mixer is None:
             return q
-        return self.mixer(q, state.flatten(q.dim() - 1))
+        state = state.flatten(q.dim() - 1)
+        if self.state_scale != 1.0:
+            state = state.float() * self.state_scale
+        return self.mixer(q, state)
 
     def act_group(
         self,

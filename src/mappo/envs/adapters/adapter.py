@@ -54,6 +54,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from mappo.data import channel_axis
 from mappo.envs.adapters import _worker
 from mappo.envs.adapters.pool import (
     EnvOutputError,
@@ -207,6 +208,17 @@ class ParallelEnvAdapter(BatchedEnv):
         state_dim = int(env_state.size) if use_env_state else None
         members = _group_agents(name, descs, groups)
         state_shape = None if state_dim is None else (image_state or (state_dim,))
+        # Every agent observes a picture of one shape and the env has no state of its own: the
+        # joined state is the pictures stacked along their channel axis, a picture the critic's
+        # convolutions can read ([H, W, N * C] in possible_agents order), not one flat row.
+        pictures = {_image_shape(d["desc"]) for d in descs.values()}
+        picture = next(iter(pictures)) if len(pictures) == 1 else None
+        axis = None if picture is None or state_dim is not None else channel_axis(picture)
+        self._join_axis = axis
+        if axis is not None:
+            stacked = list(picture)
+            stacked[axis] *= len(descs)
+            state_shape = tuple(stacked)
         # 8-bit observations (pixels) stay bytes in rollouts and replay buffers, a quarter of
         # float32 (BatchedEnv.byte_observations): every agent's observation a uint8 Box, and
         # the state the env's own uint8 array or those observations joined.
@@ -215,6 +227,9 @@ class ParallelEnvAdapter(BatchedEnv):
         self.spec = _make_spec(descs, members, state_shape, limit, self._stat_names)
         self._state_dim = state_dim
         self._join_index = _join_index(descs, members)
+        grouped = [a for agents in members.values() for a in agents]
+        order = [grouped.index(a) for a in descs]  # descs: possible_agents order
+        self._agent_order = None if order == list(range(len(order))) else torch.tensor(order)
         config = {
             "env_name": name,
             "groups": [(g, [descs[a]["desc"] for a in agents]) for g, agents in members.items()],
@@ -554,7 +569,16 @@ class ParallelEnvAdapter(BatchedEnv):
             raise EnvError(f"{self.name} is {self._closed_reason}; create a new environment")
 
     def _join(self, obs: dict[str, Tensor]) -> Tensor:
-        """``[E, sum(n * d)]``: every agent's observation in ``possible_agents`` order."""
+        """``[E, sum(n * d)]``: every agent's observation in ``possible_agents`` order; for
+        pictures of one shape, ``[E, *shape]`` with the agents' pictures stacked along the
+        channel axis (``[E, H, W, N * C]`` or ``[E, N * C, H, W]``)."""
+        if self._join_axis is not None:
+            pics = torch.cat(list(obs.values()), dim=1)  # [E, N, *shape], groups' order
+            if self._agent_order is not None:
+                pics = pics.index_select(1, self._agent_order.to(pics.device))
+            if self._join_axis == 2:  # [E, N, H, W, C] -> [E, H, W, N, C]
+                pics = pics.permute(0, 2, 3, 1, 4)
+            return pics.reshape(pics.shape[0], *self.spec.state_shape)
         joined = torch.cat([o.flatten(1) for o in obs.values()], dim=1)
         if self._join_index is None:
             return joined
