@@ -513,3 +513,53 @@ def test_the_cnn_needs_a_convolution() -> None:
             "grid/spread",
             {"model.cnn_channels": [], "model.cnn_kernels": [], "model.cnn_strides": []},
         )
+
+
+def test_convolutions_that_enlarge_a_small_picture_are_warned_about() -> None:
+    from mappo.trainer import _warn_large_observations
+
+    env = make("grid/spread", num_envs=1, size=20)  # [39, 39, 3]: 4,563 values
+    cfg = config_mod.load("grid/spread", {"model.cnn_channels": [32]})  # 32 x 37 x 37 maps
+    with pytest.warns(UserWarning, match="leave 43,808 values for the first dense layer"):
+        _warn_large_observations(cfg, env)
+
+
+def test_a_layout_that_reads_the_wrong_end_as_channels_is_warned_about() -> None:
+    with pytest.warns(UserWarning, match="reads x of shape \\(8, 8, 3\\) as 8 channels"):
+        assert image_layout((8, 8, 3), "chw", "x") == (8, 8, 3, False)
+
+
+def test_networks_too_large_for_the_memory_are_refused_before_they_are_built(monkeypatch):
+    import mappo.trainer as T
+
+    # 600 MiB free: the rollout (about 260 MB) fits, the first layers (560 MB) do not
+    monkeypatch.setattr(T, "available_bytes", lambda device: 600 * 2**20)
+    cfg = config_mod.load(
+        "grid/spread",
+        {**QUICK, "env.kwargs": {"size": 60}, "model.cnn_channels": [32], "eval_episodes": 2},
+    )
+    with pytest.warns(UserWarning), pytest.raises(ConfigError, match="first dense layers would"):
+        Trainer(cfg)
+
+
+def test_an_adapter_env_s_rollout_is_checked_against_the_memory_once_made(monkeypatch):
+    """Adapter envs with few copies are not probed before they are made (a probe starts an
+    env); their pictures can still need more memory than is free: the trainer checks with
+    the env it made, before the rollout is allocated."""
+    import mappo.trainer as T
+
+    monkeypatch.setattr(T, "available_bytes", lambda device: 512 * 2**10)  # 512 KiB free
+    cfg = config_mod.load(
+        "pettingzoo/simple_spread",
+        {
+            "env.name": "pettingzoo:test_adapter_envs:PictureEnv",
+            "env.kwargs": {"num_workers": 0},
+            "env.num_envs": 2,
+            "rollout_length": 1000,
+            "eval_episodes": 2,
+            "model.hidden_sizes": [8, 8],
+            **{k: v for k, v in QUICK.items() if k != "env.num_envs"},
+        },
+    )
+    with pytest.raises(ConfigError, match="lower env.num_envs or rollout_length"):
+        Trainer(cfg)

@@ -1017,3 +1017,44 @@ def test_policy_evaluate_checks_its_arguments_and_trusts_as_eval_does(tmp_path, 
     assert (
         yaml.safe_load((run.dir / "config.yaml").read_text())["env"]["name"] == "mpe/simple_spread"
     )
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_a_signal_during_an_evaluation_gives_it_up(tmp_path, monkeypatch, last):
+    """An evaluation of long episodes may take minutes: a stop signal that arrives during one
+    ends it at the next step. Mid-run, the run stops with that iteration's checkpoint; in the
+    final evaluation, the run is trained and saved and its summary has no evaluation (rather
+    than an older one)."""
+    import mappo.trainer as T
+
+    real = T.evaluate
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the run's handler takes it: a first signal
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(T, "evaluate", signalled)
+    over = {
+        "env.num_envs": 4,
+        "rollout_length": 25,
+        "total_env_steps": 100 * (1 if last else 3),
+        "eval_interval": 1,
+        "eval_episodes": 2,
+        "threads": 1,
+        "progress": False,
+        "tensorboard": False,
+        "run_dir": str(tmp_path),
+    }
+    if not last:
+        with pytest.raises(mappo.RunInterrupted) as info:
+            train("mpe/simple_spread_mappo", over)
+        run_dir = info.value.run_dir
+        assert info.value.env_steps == 100 and info.value.saved_at_stop
+        assert load_checkpoint(latest_checkpoint(run_dir))["progress"]["env_steps"] == 100
+        rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+        assert len(rows) == 1 and not rows[0].get("eval/eval_return_mean")
+        return
+    with pytest.warns(UserWarning, match="final evaluation was stopped by the signal"):
+        run = train("mpe/simple_spread_mappo", over)
+    assert run.summary["env_steps"] == 100 and "eval_return_mean" not in run.summary
+    assert latest_checkpoint(run.dir) is not None

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from mappo.acting import Acting, act
 from mappo.envs.base import BatchedEnv, EnvError
+
+
+class EvaluationStopped(Exception):
+    """An evaluation given up between two steps because its ``stop`` said so (a signal)."""
 
 
 @torch.no_grad()
@@ -15,11 +21,14 @@ def evaluate(
     seed: int,
     deterministic: bool = True,
     generator: torch.Generator | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, float]:
     """One episode in each of ``env.num_envs`` envs with greedy (or sampled) actions.
 
     Returns the mean and standard deviation of the per-agent episode return and the mean of
-    each episode statistic, over the first episode of every env.
+    each episode statistic, over the first episode of every env. ``stop``, asked before every
+    step: when it returns True the evaluation raises :class:`EvaluationStopped` (an evaluation
+    of long episodes may take minutes; a signal should not wait for it).
     """
     step = env.reset(seed=seed)
     E = env.num_envs
@@ -30,6 +39,8 @@ def evaluate(
     final_returns = torch.zeros(E, device=env.device)
     stats = {name: torch.zeros(E, device=env.device) for name in env.spec.stat_names}
     for _ in range(env.spec.episode_limit + 1):
+        if stop is not None and stop():
+            raise EvaluationStopped
         acted = act(
             policy, step.obs, step.action_mask, states, starts, deterministic, generator=generator
         )

@@ -47,7 +47,7 @@ from mappo.envs.registry import (
     uses_workers,
 )
 from mappo.envs.registry import make as make_env
-from mappo.evaluation import evaluate
+from mappo.evaluation import EvaluationStopped, evaluate
 from mappo.learners import Learner, make_learner
 from mappo.logging import MetricsLogger, ProgressBar
 from mappo.resources import (
@@ -56,6 +56,7 @@ from mappo.resources import (
     bf16_is_emulated,
     env_state_bytes,
     evaluation_memory_problem,
+    format_bytes,
     memory_problem,
 )
 
@@ -170,8 +171,9 @@ class Trainer:
                 "products here, many times slower than float32; set model.precision=fp32",
                 stacklevel=2,
             )
+        probed = True
         if env is None:
-            _check_memory(cfg, device)
+            probed = _check_memory(cfg, device)
             env = make_env(
                 cfg.env.name,
                 num_envs=cfg.env.num_envs,
@@ -200,6 +202,22 @@ class Trainer:
                     f"the env '{cfg.env.name}' is not the one the run was trained on "
                     f"({problem}); resume with the env's code and parameters of the training"
                 )
+        if learner is None:
+            # Before the networks and buffers allocate anything: what the env's spec tells of
+            # their size (a picture env's first dense layer or rollout may not fit).
+            _warn_large_observations(cfg, self.env)
+            problem = _network_memory_problem(cfg, self.env.spec, device)
+            if problem is None and not probed:  # (an adapter env the probe was spared)
+                problem = memory_problem(
+                    cfg,
+                    self.env.spec,
+                    copy_bytes(cfg.env.name),
+                    available_bytes(device),
+                    self.env.byte_observations,
+                )
+            if problem is not None:
+                self.close()
+                raise config_mod.ConfigError(problem)
         self.learner: Learner = learner if learner is not None else make_learner(cfg, self.env)
         self.iteration = 0
         self.env_steps = 0
@@ -213,6 +231,9 @@ class Trainer:
         self.error_prefix = ""
         """Names the run in errors where several train together (``seed 3: ``)."""
         self.stop_signal: int | None = None
+        self.eval_stoppable = False
+        """Whether a stop signal gives up an evaluation under way (a single run's loop sets it;
+        stacked seeds keep theirs, so that every seed saves the same iteration)."""
         """Set (by a signal handler) to stop after the current iteration with a checkpoint."""
         self.last_checkpoint: Path | None = None
         self.saved_iteration = -1  # the iteration of the checkpoint this process saved last
@@ -385,9 +406,15 @@ class Trainer:
 
     # -- the loop -----------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
+        """A greedy evaluation; during a single run's training a stop signal gives it up
+        (:class:`~mappo.evaluation.EvaluationStopped`) rather than waiting for its episodes."""
         self.policy.eval()
+        stop = (lambda: self.stop_signal is not None) if self.eval_stoppable else None
         result = evaluate(
-            self.policy, self.eval_env, seed=self.cfg.seed + _EVAL_SEED_OFFSET + self.eval_count
+            self.policy,
+            self.eval_env,
+            seed=self.cfg.seed + _EVAL_SEED_OFFSET + self.eval_count,
+            stop=stop,
         )
         self.eval_count += 1
         self.last_eval = result
@@ -446,6 +473,18 @@ class Trainer:
             if evaluating:
                 try:
                     evaluated = self.evaluate()
+                except EvaluationStopped:
+                    # A signal came during it: stop now, with this iteration's checkpoint and
+                    # without its evaluation (a final one is left to `mappo eval`).
+                    evaluated, stopping = {}, True
+                    if last:
+                        self.last_eval = {}
+                        warnings.warn(
+                            "the final evaluation was stopped by the signal; the run is "
+                            f"trained and saved, evaluate it with: mappo eval "
+                            f"{shlex.quote(str(self.run_dir))}",
+                            stacklevel=2,
+                        )
                 except Exception as err:
                     if logger is not None:  # the iteration's training row, which no resume redoes
                         with contextlib.suppress(Exception):
@@ -527,15 +566,16 @@ class Trainer:
         return out
 
 
-def _check_memory(cfg: TrainConfig, device: torch.device, eval_episodes: int | None = None) -> None:
+def _check_memory(cfg: TrainConfig, device: torch.device, eval_episodes: int | None = None) -> bool:
     """Refuse a run whose estimated memory exceeds what is free (see :mod:`mappo.resources`),
     before its environments allocate anything; with ``eval_episodes``, an evaluation of that
-    many episodes at once (``mappo eval``) instead of the run."""
+    many episodes at once (``mappo eval``) instead of the run. Returns False where an adapter
+    env was not probed (few copies): the trainer checks with the env itself once it is made."""
     adapter = uses_workers(cfg.env.name)
     per_copy = copy_bytes(cfg.env.name)
     envs = cfg.env.num_envs + cfg.eval_episodes if eval_episodes is None else eval_episodes
     if adapter and not per_copy and envs <= _PROBE_ADAPTERS_ABOVE:
-        return
+        return False
     kwargs = dict(cfg.env.kwargs)
     if adapter:  # the probe's one copy runs in this process, without the worker options
         for key in ("timeout", "envs_per_worker", "start_method", "startup_timeout"):
@@ -552,6 +592,59 @@ def _check_memory(cfg: TrainConfig, device: torch.device, eval_episodes: int | N
             problem = memory_problem(cfg, probe.spec, state_bytes, free, probe.byte_observations)
     if problem is not None:
         raise config_mod.ConfigError(problem)
+    return True
+
+
+def _network_memory_problem(cfg: TrainConfig, spec: Any, device: torch.device) -> str | None:
+    """A one-line refusal where the networks' first dense layers alone (what they read times
+    ``model.hidden_sizes[0]``, with gradients and two Adam moments: 16 bytes a weight) would
+    not fit in the free memory: a picture read flat, or convolution maps that the strides
+    left large. Else None."""
+    m = cfg.model
+    width = m.hidden_sizes[0] if m.hidden_sizes else 0
+    free = available_bytes(device)
+    if free is None or not width:
+        return None
+    from mappo.nn.layers import conv_maps, image_layout
+
+    def reads(shape: tuple[int, ...]) -> int:
+        if m.encoder == "cnn" and len(shape) == 3:
+            ch, h, w, _ = image_layout(shape, m.image_layout, "an input")
+            layers = list(zip(m.cnn_channels, m.cnn_kernels, m.cnn_strides, strict=True))
+            return conv_maps((ch, h, w), layers)
+        return math.prod(shape)
+
+    weights = 0
+    for group in spec.groups.values():
+        copies = 1 if m.share_params else group.num_agents
+        weights += reads(tuple(group.obs_shape)) * width * copies
+        if cfg.family == "ppo":  # the critic: its input's shape
+            source = getattr(cfg.algo, "critic_input", "state")
+            shape = {
+                "state": spec.state_shape,
+                "agent_state": group.agent_state_shape or (),
+                "local": group.obs_shape,
+            }[source]
+            weights += reads(tuple(shape)) * width * copies
+    need = 16 * weights
+    if need <= _NETWORK_SHARE * free:
+        return None
+    fix = (
+        "larger model.cnn_strides or more convolutions"
+        if m.encoder == "cnn"
+        else "model.encoder=cnn for pictures, or smaller observations"
+    )
+    return (
+        f"the networks' first dense layers would hold {weights:,} weights ({format_bytes(need)} "
+        f"with their gradients and Adam's moments) but {format_bytes(free)} is free on "
+        f"{cfg.device}; their inputs are too large: use {fix}, or a smaller "
+        "model.hidden_sizes"
+    )
+
+
+_NETWORK_SHARE = 0.5
+"""The share of the free memory the networks' first layers may take before a run is refused
+(the rollout, the activations and the env need the rest)."""
 
 
 def check_evaluation_memory(cfg: TrainConfig, episodes: int, device: str | torch.device) -> None:
@@ -610,7 +703,6 @@ def train(
         trainer = Trainer(cfg)
         _warn_new_run(cfg)  # (once the env is made: a config refused there has no use for it)
         _warn_continuous_options(cfg, trainer.env)
-        _warn_large_observations(cfg, trainer.env)
         try:
             path = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
             trainer.caller_folder = run_dir is not None and path.is_dir()
@@ -735,21 +827,29 @@ def _warn_large_input(
 
     m = cfg.model
     size, image = math.prod(shape), len(shape) == 3
-    if size <= _LARGE_OBSERVATION:
-        return
     if m.encoder == "cnn" and image and convolved:
+        # (convolutions with stride 1 can make a small picture's maps larger than the picture)
         ch, h, w, _ = image_layout(shape, m.image_layout, what)
         layers = list(zip(m.cnn_channels, m.cnn_kernels, m.cnn_strides, strict=True))
         maps = conv_maps((ch, h, w), layers)
         if maps > _LARGE_OBSERVATION:
+            nature = ([32, 64, 64], [8, 4, 3], [4, 2, 1])
+            example = (
+                ", e.g. model.cnn_channels=[32,64,64] model.cnn_kernels=[8,4,3] "
+                "model.cnn_strides=[4,2,1]"
+                if (m.cnn_channels, m.cnn_kernels, m.cnn_strides) != nature
+                else ""
+            )
             warnings.warn(
                 f"{what} {shape} images whose convolutions (model.cnn_channels="
                 f"{m.cnn_channels}, cnn_kernels={m.cnn_kernels}, cnn_strides={m.cnn_strides}) "
                 f"leave {maps:,} values for the first dense layer ({maps * width:,} weights); "
-                "larger strides or more layers shrink them, e.g. model.cnn_channels="
-                "[32,64,64] model.cnn_kernels=[8,4,3] model.cnn_strides=[4,2,1]",
+                f"larger strides or more convolutions shrink them{example}, or pictures "
+                "downscaled in the env",
                 stacklevel=4,
             )
+        return
+    if size <= _LARGE_OBSERVATION:
         return
     fixes = ["model.encoder=cnn (convolutions over images)"] if image and convolved else []
     fixes += [fix] if fix else []
@@ -1393,6 +1493,7 @@ def _run(
             with _stop_on_signals(trainers):
                 for t in trainers:
                     t.begin()
+                    t.eval_stoppable = len(trainers) == 1
                 while not trainers[0].done:
                     results = [t.count(r) for t, r in zip(trainers, iterate_all(), strict=True)]
                     # Every seed is checked before any logs or saves, and a signal is read

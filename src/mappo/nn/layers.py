@@ -8,6 +8,8 @@ one batched matrix multiply rather than a Python loop over agents.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -121,6 +123,15 @@ def image_layout(shape: tuple[int, ...], layout: str, what: str) -> tuple[int, i
                 "model.image_layout=chw ([channels, height, width])"
             )
         layout = "hwc" if axis == 2 else "chw"
+    elif channel_axis(shape) == (0 if layout == "hwc" else 2):
+        # the other end looks like the channels: most likely a layout set for other pictures
+        warnings.warn(
+            f"model.image_layout={layout} reads {what} of shape {tuple(shape)} as "
+            f"{shape[2] if layout == 'hwc' else shape[0]} channels, but its "
+            f"{'first' if layout == 'hwc' else 'last'} axis looks like the channels; check "
+            "model.image_layout (auto finds it)",
+            stacklevel=3,
+        )
     if layout == "hwc":
         return shape[2], shape[0], shape[1], True
     return shape[0], shape[1], shape[2], False
