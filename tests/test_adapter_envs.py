@@ -214,12 +214,14 @@ class PictureEnv(ParallelEnv):
     (``[4, 4, 2]``), with ``Discrete(3)`` actions; episodes last ``max_cycles`` steps. Pixel
     ``(r, c, k)`` of agent ``i`` at step ``t`` is ``(40 t + 100 i + 7 r + 3 c + k + a) % 256``,
     ``a`` the agent's last action; its reward is 1 when ``a`` is 2. ``stateless``: no
-    ``state()`` (the adapter then joins the pictures)."""
+    ``state()`` (the adapter then joins the pictures); ``unit``: float pictures in [0, 1]
+    (the same values divided by 255)."""
 
     metadata = {"name": "picture_v0"}
 
-    def __init__(self, max_cycles: int = 4, stateless: bool = False) -> None:
+    def __init__(self, max_cycles: int = 4, stateless: bool = False, unit: bool = False) -> None:
         self.possible_agents = ["painter_0", "painter_1"]
+        self.unit = unit
         self.max_cycles = max_cycles
         self.stateless = stateless
         self.agents: list[str] = []
@@ -227,6 +229,8 @@ class PictureEnv(ParallelEnv):
         self.last = {a: 0 for a in self.possible_agents}
 
     def observation_space(self, agent: str) -> spaces.Space:
+        if self.unit:
+            return spaces.Box(0.0, 1.0, (8, 7, 3), np.float32)
         return spaces.Box(0, 255, (8, 7, 3), np.uint8)
 
     def action_space(self, agent: str) -> spaces.Space:
@@ -236,6 +240,8 @@ class PictureEnv(ParallelEnv):
         i = self.possible_agents.index(agent)
         r, c, k = np.meshgrid(np.arange(8), np.arange(7), np.arange(3), indexing="ij")
         value = 40 * self.t + 100 * i + 7 * r + 3 * c + k + self.last[agent]
+        if self.unit:
+            return (value % 256).astype(np.float32) / 255
         return (value % 256).astype(np.uint8)
 
     def state(self) -> np.ndarray:

@@ -563,3 +563,64 @@ def test_an_adapter_env_s_rollout_is_checked_against_the_memory_once_made(monkey
     )
     with pytest.raises(ConfigError, match="lower env.num_envs or rollout_length"):
         Trainer(cfg)
+
+
+def test_a_policy_trained_in_this_process_evaluates_on_its_module(tmp_path) -> None:
+    """The module a fresh run named counts as trusted in the process that trained it: its
+    policy evaluates without --import (a saved run naming another module is still refused)."""
+    run = train(
+        "pettingzoo/simple_spread",
+        {
+            "env.name": "pettingzoo:test_adapter_envs:PictureEnv",
+            "env.kwargs": {"num_workers": 0},
+            "env.num_envs": 2,
+            "rollout_length": 4,
+            "total_env_steps": 8,
+            "eval_episodes": 2,
+            "model.encoder": "cnn",
+            "model.cnn_kernels": [2],
+            "run_dir": str(tmp_path),
+            **{k: v for k, v in QUICK.items() if k != "env.num_envs"},
+        },
+    )
+    result = run.load_policy().evaluate(episodes=2, num_workers=0)
+    assert result["eval_episodes"] == 2
+
+
+def test_evaluations_longer_than_the_training_are_warned_about(tmp_path) -> None:
+    from mappo.trainer import _warn_long_evaluations
+
+    cfg = config_mod.load(
+        "grid/spread", {"total_env_steps": 3 * 640, "eval_episodes": 100, "eval_interval": 2}
+    )
+    # 2 evaluations (after update 2 and the final one, after update 3) of 100 episodes of up
+    # to 300 steps
+    with pytest.warns(UserWarning, match="2 evaluation\\(s\\) .* may step 60,000 env steps"):
+        _warn_long_evaluations(cfg, 300)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_long_evaluations(cfg, 20)  # 4,000 steps: not worth a word
+
+
+def test_pictures_already_in_0_1_are_not_divided_by_255_silently() -> None:
+    cfg = config_mod.load(
+        "pettingzoo/simple_spread",
+        {
+            "env.name": "pettingzoo:test_adapter_envs:PictureEnv",
+            "env.kwargs": {"num_workers": 0, "unit": True},
+            "env.num_envs": 2,
+            "eval_episodes": 2,
+            "model.encoder": "cnn",
+            "model.cnn_kernels": [2],
+            **{k: v for k, v in QUICK.items() if k != "env.num_envs"},
+        },
+    )
+    with pytest.warns(UserWarning, match="bounds its pictures by 1.*set model.image_scale=1"):
+        Trainer(cfg).close()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Trainer(config_mod.apply(cfg, {"model.image_scale": 1.0})).close()

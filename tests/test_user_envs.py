@@ -62,9 +62,14 @@ def test_a_python_path_name_trains_evaluates_and_resumes(user_folder, tmp_path, 
     )
     run = _one_run(root)
     assert run.relative_to(root).parts[:3] == ("python", module, "GuessTheColor")
-    # A later process knows nothing of the module: the saved name rebuilds the env, once the
-    # user says the module may be imported (opening a saved run imports nothing on its own).
+    # A later process knows nothing of the module (this one trusts it since it trained on
+    # it): the saved name rebuilds the env, once the user says the module may be imported
+    # (opening a saved run imports nothing on its own).
+    from mappo.envs import registry
+
     sys.modules.pop(module)
+    assert module in registry._TRUSTED
+    registry._TRUSTED.discard(module)
     capsys.readouterr()
     assert main(["eval", str(run), "--episodes", "3"]) == 2
     assert capsys.readouterr().err == (
@@ -241,6 +246,9 @@ def test_a_class_of_the_running_script_is_named_as_such(
     overrides += ["env.name=python:__main__:LocalColors", "env.kwargs={num_agents: 3}"]
     with pytest.warns(UserWarning, match="is a class of the running script"):
         run = mappo.train("mpe/simple_spread_fast", overrides, run_dir=tmp_path / "runs")
+    # the process that trained it trusts its script; the mappo command is another process
+    assert "__main__" in registry._TRUSTED
+    registry._TRUSTED.discard("__main__")
     capsys.readouterr()
     assert main(["eval", str(run.dir), "--episodes", "2"]) == 2
     assert "names its env in the script that trained it" in capsys.readouterr().err

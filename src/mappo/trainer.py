@@ -44,6 +44,7 @@ from mappo.envs.registry import (
     fit_workers,
     from_saved,
     imported_module,
+    trust_module,
     uses_workers,
 )
 from mappo.envs.registry import make as make_env
@@ -206,6 +207,14 @@ class Trainer:
             # Before the networks and buffers allocate anything: what the env's spec tells of
             # their size (a picture env's first dense layer or rollout may not fit).
             _warn_large_observations(cfg, self.env)
+            m = cfg.model
+            if m.encoder == "cnn" and m.image_scale != 1 and getattr(env, "unit_pictures", 0):
+                warnings.warn(
+                    f"the observation space of '{cfg.env.name}' bounds its pictures by 1, "
+                    f"and model.image_scale={m.image_scale:.6g} divides them by "
+                    f"{1 / m.image_scale:.6g} again; set model.image_scale=1",
+                    stacklevel=2,
+                )
             problem = _network_memory_problem(cfg, self.env.spec, device)
             if problem is None and not probed:  # (an adapter env the probe was spared)
                 problem = memory_problem(
@@ -702,6 +711,8 @@ def train(
             _check_unused(Path(run_dir))
         trainer = Trainer(cfg)
         _warn_new_run(cfg)  # (once the env is made: a config refused there has no use for it)
+        _trust_own_module(cfg)
+        _warn_long_evaluations(cfg, trainer.env.spec.episode_limit)
         _warn_continuous_options(cfg, trainer.env)
         try:
             path = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
@@ -716,6 +727,37 @@ def train(
             lambda: [trainer.learner.iterate(trainer.iteration, trainer.env_steps)],
             [None],
         )[0]
+
+
+def _warn_long_evaluations(cfg: TrainConfig, episode_limit: int) -> None:
+    """Warn where the run's evaluations may step more than it trains, by at least 50,000 env
+    steps: a short run with a preset's ``eval_episodes`` on an env of long episodes (100
+    episodes of a 900-step game are 90,000 steps, minutes of a Python env)."""
+    evals = 1  # the final one, which a periodic one at the last update is
+    if cfg.family == "ppo" and cfg.eval_interval:
+        n, every = cfg.num_updates, cfg.eval_interval
+        evals = n // every + (1 if n % every else 0)
+    most = evals * cfg.eval_episodes * episode_limit
+    if most >= _LONG_EVALUATIONS and most > cfg.total_env_steps:
+        warnings.warn(
+            f"the run's {evals} evaluation(s) of eval_episodes={cfg.eval_episodes} episodes of "
+            f"up to {episode_limit} steps may step {most:,} env steps, more than the "
+            f"{cfg.total_env_steps:,} it trains; lower eval_episodes (or raise eval_interval)",
+            stacklevel=3,
+        )
+
+
+_LONG_EVALUATIONS = 50_000
+
+
+def _trust_own_module(cfg: TrainConfig) -> None:
+    """A module the caller named to train a fresh run on (``pettingzoo:my_envs``) counts as
+    trusted in this process, as ``--import my_envs`` would: the policy just trained evaluates
+    (``Run.load_policy().evaluate()``) without being told again. Saved runs stay refused any
+    module the process was not given."""
+    module = imported_module(cfg.env.name)
+    if module is not None:
+        trust_module(module)
 
 
 def _warn_new_run(cfg: TrainConfig) -> None:
@@ -915,6 +957,7 @@ def train_seeds(
             )
         cfgs = [dataclasses.replace(cfg, seed=cfg.seed + k, num_seeds=1) for k in range(n)]
         _warn_new_run(cfg)
+        _trust_own_module(cfg)
         return _run_stacked(cfgs, checkpoints=None)
 
 
@@ -930,6 +973,7 @@ def train_stacked(cfgs: list[TrainConfig], run_dirs: list[str | Path]) -> list[R
             raise config_mod.ConfigError("a run directory is given twice; give each seed its own")
         _check_stackable(cfgs, [str(p) for p in paths])
         _warn_new_run(cfgs[0])
+        _trust_own_module(cfgs[0])
         for p in paths:
             _check_unused(p)
         existed = [p.is_dir() for p in paths]

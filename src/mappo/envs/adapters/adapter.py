@@ -223,6 +223,9 @@ class ParallelEnvAdapter(BatchedEnv):
         # float32 (BatchedEnv.byte_observations): every agent's observation a uint8 Box, and
         # the state the env's own uint8 array or those observations joined.
         byte_obs = all(_byte_box(d["desc"]["obs_space"]) for d in descs.values())
+        # Pictures whose Box says they are already in [0, 1] (a normalising wrapper): the
+        # trainer warns where model.image_scale would divide them by 255 again.
+        self.unit_pictures = any(_unit_picture(d["desc"]) for d in descs.values())
         self.byte_observations = byte_obs and (state_dim is None or self._state_bytes)
         self.spec = _make_spec(descs, members, state_shape, limit, self._stat_names)
         self._state_dim = state_dim
@@ -887,6 +890,14 @@ def _byte_box(space: Any) -> bool:
     """Whether an observation space is a ``Box`` of ``uint8`` values (pixels)."""
     box = any(c.__name__ == "Box" for c in type(space).__mro__)  # (gymnasium imported lazily)
     return box and np.dtype(space.dtype) == np.uint8
+
+
+def _unit_picture(desc: dict[str, Any]) -> bool:
+    """Whether an agent observes a float picture (a ``Box`` of three axes) bounded by 1."""
+    space = desc["obs_space"]
+    if _image_shape(desc) is None or np.dtype(space.dtype).kind != "f":
+        return False
+    return bool(np.all(np.asarray(space.high) <= 1.0))
 
 
 def _image_shape(desc: dict[str, Any]) -> tuple[int, ...] | None:
