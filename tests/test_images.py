@@ -348,6 +348,21 @@ def test_large_images_are_warned_about_with_what_shrinks_them() -> None:
 # -- PettingZoo and Gymnasium envs that observe pictures ------------------------------------
 
 
+def _pictures(**overrides: object) -> dict:
+    """Overrides of ``pettingzoo/simple_spread`` for :class:`PictureEnv` (in process, two
+    copies, the CNN with 2x2 kernels), with ``overrides`` on top."""
+    return {
+        **QUICK,
+        "env.name": "pettingzoo:test_adapter_envs:PictureEnv",
+        "env.kwargs": {"num_workers": 0},
+        "env.num_envs": 2,
+        "eval_episodes": 2,
+        "model.encoder": "cnn",
+        "model.cnn_kernels": [2],
+        **overrides,
+    }
+
+
 def test_the_adapter_keeps_an_image_s_axes() -> None:
     from test_adapter_envs import PictureEnv
 
@@ -379,19 +394,7 @@ def test_the_adapter_keeps_an_image_s_axes() -> None:
 def test_mappo_with_the_cnn_trains_on_a_pettingzoo_env_of_pictures(tmp_path) -> None:
     run = train(
         "pettingzoo/simple_spread",
-        {
-            "env.name": "pettingzoo:test_adapter_envs:PictureEnv",
-            "env.kwargs": {"num_workers": 0},
-            "env.num_envs": 2,
-            "rollout_length": 8,
-            "total_env_steps": 32,
-            "model.encoder": "cnn",
-            "model.cnn_kernels": [2],
-            "eval_interval": 1000,
-            "eval_episodes": 2,
-            "run_dir": str(tmp_path),
-            **{k: v for k, v in QUICK.items() if k != "env.num_envs"},
-        },
+        _pictures(rollout_length=8, total_env_steps=32, eval_interval=1000, run_dir=str(tmp_path)),
     )
     critic = run.policy.critics["painter"]
     assert run.policy.actors["painter"].trunk.encoder.image == (3, 8, 7)
@@ -402,19 +405,7 @@ def test_mappo_with_the_cnn_trains_on_a_pettingzoo_env_of_pictures(tmp_path) -> 
 def test_8_bit_pictures_are_stored_as_bytes() -> None:
     """A uint8 Box (pixels) and a uint8 state(): the rollout keeps them as bytes, a quarter
     of float32; float observations stay float32."""
-    cfg = config_mod.load(
-        "pettingzoo/simple_spread",
-        {
-            "env.name": "pettingzoo:test_adapter_envs:PictureEnv",
-            "env.kwargs": {"num_workers": 0},
-            "env.num_envs": 2,
-            "rollout_length": 4,
-            "model.encoder": "cnn",
-            "model.cnn_kernels": [2],
-            **{k: v for k, v in QUICK.items() if k != "env.num_envs"},
-        },
-    )
-    trainer = Trainer(cfg)
+    trainer = Trainer(config_mod.load("pettingzoo/simple_spread", _pictures(rollout_length=4)))
     try:
         assert trainer.env.byte_observations
         trainer.iterate()
@@ -570,18 +561,7 @@ def test_a_policy_trained_in_this_process_evaluates_on_its_module(tmp_path) -> N
     policy evaluates without --import (a saved run naming another module is still refused)."""
     run = train(
         "pettingzoo/simple_spread",
-        {
-            "env.name": "pettingzoo:test_adapter_envs:PictureEnv",
-            "env.kwargs": {"num_workers": 0},
-            "env.num_envs": 2,
-            "rollout_length": 4,
-            "total_env_steps": 8,
-            "eval_episodes": 2,
-            "model.encoder": "cnn",
-            "model.cnn_kernels": [2],
-            "run_dir": str(tmp_path),
-            **{k: v for k, v in QUICK.items() if k != "env.num_envs"},
-        },
+        _pictures(rollout_length=4, total_env_steps=8, run_dir=str(tmp_path)),
     )
     result = run.load_policy().evaluate(episodes=2, num_workers=0)
     assert result["eval_episodes"] == 2
@@ -605,18 +585,8 @@ def test_evaluations_longer_than_the_training_are_warned_about(tmp_path) -> None
 
 
 def test_pictures_already_in_0_1_are_not_divided_by_255_silently() -> None:
-    cfg = config_mod.load(
-        "pettingzoo/simple_spread",
-        {
-            "env.name": "pettingzoo:test_adapter_envs:PictureEnv",
-            "env.kwargs": {"num_workers": 0, "unit": True},
-            "env.num_envs": 2,
-            "eval_episodes": 2,
-            "model.encoder": "cnn",
-            "model.cnn_kernels": [2],
-            **{k: v for k, v in QUICK.items() if k != "env.num_envs"},
-        },
-    )
+    unit = {"num_workers": 0, "unit": True}
+    cfg = config_mod.load("pettingzoo/simple_spread", _pictures(**{"env.kwargs": unit}))
     with pytest.warns(UserWarning, match="bounds its pictures by 1.*set model.image_scale=1"):
         Trainer(cfg).close()
     import warnings
