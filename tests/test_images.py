@@ -594,3 +594,47 @@ def test_pictures_already_in_0_1_are_not_divided_by_255_silently() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Trainer(config_mod.apply(cfg, {"model.image_scale": 1.0})).close()
+
+
+def test_a_state_of_stacked_pictures_is_read_in_the_observations_layout() -> None:
+    """Two [5, 10, 3] pictures stacked along their channels make a [5, 10, 6] state, which
+    the sizes alone would read as channels first: the critic takes the observations' layout."""
+    from mappo.data import ActionSpec, EnvSpec, GroupSpec
+    from mappo.nn.actor_critic import picture_layout
+
+    group = GroupSpec(("a_0", "a_1"), (5, 10, 3), ActionSpec((3,)))
+    spec = EnvSpec({"a": group}, state_shape=(5, 10, 6), episode_limit=5)
+    cfg = ModelConfig(encoder="cnn", cnn_kernels=[2], recurrent="none")
+    assert picture_layout((5, 10, 6), spec, cfg) == "hwc"
+    assert picture_layout((5, 10, 6), spec, ModelConfig(encoder="cnn", image_layout="chw")) == (
+        "chw"
+    )
+    net = ActorCritic(spec, cfg, AlgoConfig())
+    assert net.critics["a"].trunk.encoder.image == (6, 5, 10)
+    # three agents: [8, 7, 9], which the sizes alone cannot tell
+    group = GroupSpec(("a_0", "a_1", "a_2"), (8, 7, 3), ActionSpec((3,)))
+    spec = EnvSpec({"a": group}, state_shape=(8, 7, 9), episode_limit=5)
+    assert ActorCritic(spec, cfg, AlgoConfig()).critics["a"].trunk.encoder.image == (9, 8, 7)
+
+
+def test_a_joined_state_saved_flat_holds_its_values_in_another_order() -> None:
+    """The flat join of the agents' pictures that older runs saved is not the stacked
+    picture state of now (the same values, another order): such a run is refused."""
+    from mappo.data import ActionSpec, EnvSpec, GroupSpec, spec_difference, spec_to_dict
+
+    group = GroupSpec(("a_0", "a_1"), (8, 7, 3), ActionSpec((3,)))
+    spec = EnvSpec({"a": group}, state_shape=(8, 7, 6), episode_limit=5)
+    saved = spec_to_dict(spec)
+    saved["groups"]["a"]["obs_shape"] = [8 * 7 * 3]
+    saved["state_shape"] = [8 * 7 * 6]
+    assert "the global state has shape (8, 7, 6) now" in spec_difference(saved, spec)
+
+
+def test_stacked_seeds_check_their_networks_against_the_memory_too(monkeypatch) -> None:
+    import mappo.trainer as T
+
+    # 1.5 GiB free: one seed's first layers (about 560 MB) fit, two seeds' do not
+    monkeypatch.setattr(T, "available_bytes", lambda device: 1536 * 2**20)
+    over = {**QUICK, "env.kwargs": {"size": 60}, "model.cnn_channels": [32], "eval_episodes": 2}
+    with pytest.warns(UserWarning), pytest.raises(ConfigError, match="first dense layers would"):
+        T.train_seeds("grid/spread", {**over, "num_seeds": 2})

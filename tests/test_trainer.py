@@ -1019,25 +1019,30 @@ def test_policy_evaluate_checks_its_arguments_and_trusts_as_eval_does(tmp_path, 
     )
 
 
-@pytest.mark.parametrize("last", [False, True])
-def test_a_signal_during_an_evaluation_gives_it_up(tmp_path, monkeypatch, last):
-    """An evaluation of long episodes may take minutes: a stop signal that arrives during one
-    ends it at the next step. Mid-run, the run stops with that iteration's checkpoint; in the
-    final evaluation, the run is trained and saved and its summary has no evaluation (rather
-    than an older one)."""
+@pytest.mark.parametrize("when", ["periodic_evaluation", "final_evaluation", "rollout"])
+def test_a_signal_gives_up_a_periodic_evaluation_under_way(tmp_path, monkeypatch, when):
+    """An evaluation of long episodes may take minutes: a stop signal that arrives during a
+    periodic one ends it at its next step, and the run stops with that iteration's checkpoint
+    and no evaluation in its row. The final evaluation is the run's result and is waited for;
+    so is an evaluation that starts after the signal came (during the rollout)."""
+    import mappo.learners.ppo as P
     import mappo.trainer as T
 
-    real = T.evaluate
+    def signal_then(real):
+        def call(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGINT)  # the run's handler takes it: a first signal
+            return real(*args, **kwargs)
 
-    def signalled(*args, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)  # the run's handler takes it: a first signal
-        return real(*args, **kwargs)
+        return call
 
-    monkeypatch.setattr(T, "evaluate", signalled)
+    if when == "rollout":
+        monkeypatch.setattr(P.PPOLearner, "iterate", signal_then(P.PPOLearner.iterate))
+    else:
+        monkeypatch.setattr(T, "evaluate", signal_then(T.evaluate))
     over = {
         "env.num_envs": 4,
         "rollout_length": 25,
-        "total_env_steps": 100 * (1 if last else 3),
+        "total_env_steps": 100 * (1 if when == "final_evaluation" else 3),
         "eval_interval": 1,
         "eval_episodes": 2,
         "threads": 1,
@@ -1045,16 +1050,15 @@ def test_a_signal_during_an_evaluation_gives_it_up(tmp_path, monkeypatch, last):
         "tensorboard": False,
         "run_dir": str(tmp_path),
     }
-    if not last:
-        with pytest.raises(mappo.RunInterrupted) as info:
-            train("mpe/simple_spread_mappo", over)
-        run_dir = info.value.run_dir
-        assert info.value.env_steps == 100 and info.value.saved_at_stop
-        assert load_checkpoint(latest_checkpoint(run_dir))["progress"]["env_steps"] == 100
-        rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
-        assert len(rows) == 1 and not rows[0].get("eval/eval_return_mean")
-        return
-    with pytest.warns(UserWarning, match="final evaluation was stopped by the signal"):
+    if when == "final_evaluation":
         run = train("mpe/simple_spread_mappo", over)
-    assert run.summary["env_steps"] == 100 and "eval_return_mean" not in run.summary
-    assert latest_checkpoint(run.dir) is not None
+        assert run.summary["env_steps"] == 100 and "eval_return_mean" in run.summary
+        return
+    with pytest.raises(mappo.RunInterrupted) as info:
+        train("mpe/simple_spread_mappo", over)
+    run_dir = info.value.run_dir
+    assert info.value.env_steps == 100 and info.value.saved_at_stop
+    assert load_checkpoint(latest_checkpoint(run_dir))["progress"]["env_steps"] == 100
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    assert len(rows) == 1
+    assert bool(rows[0].get("eval/eval_return_mean")) == (when == "rollout")

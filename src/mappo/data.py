@@ -344,8 +344,11 @@ def spec_difference(saved: dict[str, Any], spec: EnvSpec, bounds: bool = False) 
                 f"now is narrower than [{_shown(then['low'])}, {_shown(then['high'])}] when "
                 "trained"
             )
-    if list(saved["state_shape"]) != list(now["state_shape"]) and not _flattened(
-        saved["state_shape"], now["state_shape"]
+    same_state = list(saved["state_shape"]) == list(now["state_shape"])
+    # (a state of the agents' pictures stacked along their channels holds the values of the
+    # flat join it replaced in another order: not the same input)
+    if not same_state and (
+        not _flattened(saved["state_shape"], now["state_shape"]) or _joined_pictures(now)
     ):
         return (
             f"the global state has shape {tuple(now['state_shape'])} now, "
@@ -376,6 +379,16 @@ def _flattened(then: Any, now: Any) -> bool:
     if then is None or now is None or len(then) != 1 or len(now) < 2:
         return False
     return int(then[0]) == math.prod(int(v) for v in now)
+
+
+def _joined_pictures(spec: dict[str, Any]) -> bool:
+    """Whether a spec's (:func:`spec_to_dict`) state is its agents' pictures joined: every
+    group observes pictures, and the state holds exactly all of their values."""
+    groups = spec["groups"].values()
+    if not all(len(g["obs_shape"]) == 3 for g in groups):
+        return False
+    values = sum(len(g["agents"]) * math.prod(g["obs_shape"]) for g in groups)
+    return math.prod(spec["state_shape"]) == values
 
 
 def _contains(now: dict[str, Any], then: dict[str, Any]) -> bool:

@@ -204,29 +204,11 @@ class Trainer:
                     f"({problem}); resume with the env's code and parameters of the training"
                 )
         if learner is None:
-            # Before the networks and buffers allocate anything: what the env's spec tells of
-            # their size (a picture env's first dense layer or rollout may not fit).
-            _warn_large_observations(cfg, self.env)
-            m = cfg.model
-            if m.encoder == "cnn" and m.image_scale != 1 and getattr(env, "unit_pictures", 0):
-                warnings.warn(
-                    f"the observation space of '{cfg.env.name}' bounds its pictures by 1, "
-                    f"and model.image_scale={m.image_scale:.6g} divides them by "
-                    f"{1 / m.image_scale:.6g} again; set model.image_scale=1",
-                    stacklevel=2,
-                )
-            problem = _network_memory_problem(cfg, self.env.spec, device)
-            if problem is None and not probed:  # (an adapter env the probe was spared)
-                problem = memory_problem(
-                    cfg,
-                    self.env.spec,
-                    copy_bytes(cfg.env.name),
-                    available_bytes(device),
-                    self.env.byte_observations,
-                )
-            if problem is not None:
+            try:
+                _check_before_networks(cfg, self.env, device, probed)
+            except BaseException:
                 self.close()
-                raise config_mod.ConfigError(problem)
+                raise
         self.learner: Learner = learner if learner is not None else make_learner(cfg, self.env)
         self.iteration = 0
         self.env_steps = 0
@@ -239,10 +221,10 @@ class Trainer:
         self.last_train: dict[str, float] = {}
         self.error_prefix = ""
         """Names the run in errors where several train together (``seed 3: ``)."""
-        self.stop_signal: int | None = None
         self.eval_stoppable = False
-        """Whether a stop signal gives up an evaluation under way (a single run's loop sets it;
-        stacked seeds keep theirs, so that every seed saves the same iteration)."""
+        """Whether a stop signal gives up a periodic evaluation under way (a single run's loop
+        sets it; stacked seeds keep theirs, so that every seed saves the same iteration)."""
+        self.stop_signal: int | None = None
         """Set (by a signal handler) to stop after the current iteration with a checkpoint."""
         self.last_checkpoint: Path | None = None
         self.saved_iteration = -1  # the iteration of the checkpoint this process saved last
@@ -414,11 +396,14 @@ class Trainer:
             torch.set_num_threads(self._threads_before)
 
     # -- the loop -----------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
-        """A greedy evaluation; during a single run's training a stop signal gives it up
+    def evaluate(self, stoppable: bool = False) -> dict[str, float]:
+        """A greedy evaluation. ``stoppable`` (a periodic one of a single run's training): a
+        stop signal that arrives while it runs gives it up
         (:class:`~mappo.evaluation.EvaluationStopped`) rather than waiting for its episodes."""
         self.policy.eval()
-        stop = (lambda: self.stop_signal is not None) if self.eval_stoppable else None
+        stop = None
+        if stoppable and self.eval_stoppable and self.stop_signal is None:
+            stop = lambda: self.stop_signal is not None  # noqa: E731
         result = evaluate(
             self.policy,
             self.eval_env,
@@ -481,19 +466,12 @@ class Trainer:
             }
             if evaluating:
                 try:
-                    evaluated = self.evaluate()
+                    # (the final evaluation is the run's result: a signal waits for it)
+                    evaluated = self.evaluate(stoppable=not last)
                 except EvaluationStopped:
                     # A signal came during it: stop now, with this iteration's checkpoint and
-                    # without its evaluation (a final one is left to `mappo eval`).
+                    # without its evaluation.
                     evaluated, stopping = {}, True
-                    if last:
-                        self.last_eval = {}
-                        warnings.warn(
-                            "the final evaluation was stopped by the signal; the run is "
-                            f"trained and saved, evaluate it with: mappo eval "
-                            f"{shlex.quote(str(self.run_dir))}",
-                            stacklevel=2,
-                        )
                 except Exception as err:
                     if logger is not None:  # the iteration's training row, which no resume redoes
                         with contextlib.suppress(Exception):
@@ -604,7 +582,39 @@ def _check_memory(cfg: TrainConfig, device: torch.device, eval_episodes: int | N
     return True
 
 
-def _network_memory_problem(cfg: TrainConfig, spec: Any, device: torch.device) -> str | None:
+def _check_before_networks(
+    cfg: TrainConfig, env: BatchedEnv, device: torch.device, probed: bool, seeds: int = 1
+) -> None:
+    """Before the networks and buffers allocate anything, what ``env``'s spec tells of their
+    size: warnings of inputs as large as pictures, and a :class:`ConfigError` where the
+    networks' first layers (``seeds`` sets of them) or, for an adapter env the probe was
+    spared (``probed`` False), the rollout and buffers would not fit in free memory."""
+    _warn_large_observations(cfg, env)
+    m = cfg.model
+    if m.encoder == "cnn" and m.image_scale != 1 and getattr(env, "unit_pictures", False):
+        warnings.warn(
+            f"the observation space of '{cfg.env.name}' bounds its pictures by 1, and "
+            f"model.image_scale={m.image_scale:.6g} divides them by {1 / m.image_scale:.6g} "
+            "again; set model.image_scale=1",
+            stacklevel=3,
+        )
+    problem = _network_memory_problem(cfg, env.spec, device, seeds)
+    if problem is None and not probed:
+        every = dataclasses.replace(
+            cfg,
+            env=dataclasses.replace(cfg.env, num_envs=cfg.env.num_envs * seeds),
+            eval_episodes=cfg.eval_episodes * seeds,
+        )
+        free = available_bytes(device)
+        per_copy = copy_bytes(cfg.env.name)
+        problem = memory_problem(every, env.spec, per_copy, free, env.byte_observations)
+    if problem is not None:
+        raise config_mod.ConfigError(problem)
+
+
+def _network_memory_problem(
+    cfg: TrainConfig, spec: Any, device: torch.device, seeds: int = 1
+) -> str | None:
     """A one-line refusal where the networks' first dense layers alone (what they read times
     ``model.hidden_sizes[0]``, with gradients and two Adam moments: 16 bytes a weight) would
     not fit in the free memory: a picture read flat, or convolution maps that the strides
@@ -614,14 +624,10 @@ def _network_memory_problem(cfg: TrainConfig, spec: Any, device: torch.device) -
     free = available_bytes(device)
     if free is None or not width:
         return None
-    from mappo.nn.layers import conv_maps, image_layout
 
     def reads(shape: tuple[int, ...]) -> int:
-        if m.encoder == "cnn" and len(shape) == 3:
-            ch, h, w, _ = image_layout(shape, m.image_layout, "an input")
-            layers = list(zip(m.cnn_channels, m.cnn_kernels, m.cnn_strides, strict=True))
-            return conv_maps((ch, h, w), layers)
-        return math.prod(shape)
+        maps = _conv_reads(cfg, spec, shape) if m.encoder == "cnn" and len(shape) == 3 else None
+        return math.prod(shape) if maps is None else maps
 
     weights = 0
     for group in spec.groups.values():
@@ -635,6 +641,7 @@ def _network_memory_problem(cfg: TrainConfig, spec: Any, device: torch.device) -
                 "local": group.obs_shape,
             }[source]
             weights += reads(tuple(shape)) * width * copies
+    weights *= seeds
     need = 16 * weights
     if need <= _NETWORK_SHARE * free:
         return None
@@ -838,23 +845,41 @@ def _warn_large_observations(cfg: TrainConfig, env: BatchedEnv) -> None:
     m = cfg.model
     first = m.hidden_sizes[0] if m.hidden_sizes else 0
     where = f"'{cfg.env.name}'"
-    for name, group in env.spec.groups.items():
+    spec = env.spec
+    for name, group in spec.groups.items():
         what = f"group '{name}' of {where} observes"
-        _warn_large_input(cfg, what, tuple(group.obs_shape), first, "", True, " per agent")
+        _warn_large_input(cfg, spec, what, tuple(group.obs_shape), first, "", True, " per agent")
     state = tuple(env.spec.state_shape)
     algo = cfg.algo.name
     if cfg.family == "ppo" and getattr(cfg.algo, "critic_input", "") == "state":
         fix = "algo.critic_input=local (each agent's critic on its own observation)"
-        _warn_large_input(cfg, f"the critic of {where} reads", state, first, fix, True)
+        _warn_large_input(cfg, spec, f"the critic of {where} reads", state, first, fix, True)
     elif algo in ("qmix", "coma"):
         width = getattr(cfg.algo, "hypernet_embed", None) or getattr(cfg.algo, "critic_hidden", 0)
         reader = "QMIX's hypernetworks" if algo == "qmix" else "COMA's critic"
         fix = "algo.name=vdn mixes without the state" if algo == "qmix" else "algo.name=mappo"
-        _warn_large_input(cfg, f"{reader} on {where} read", state, width, fix, False)
+        _warn_large_input(cfg, spec, f"{reader} on {where} read", state, width, fix, False)
+
+
+def _conv_reads(cfg: TrainConfig, spec: Any, shape: tuple[int, ...]) -> int | None:
+    """Values the convolutions of ``model.encoder=cnn`` leave of a picture of ``shape`` for the
+    first dense layer, read in the layout the networks take (:func:`picture_layout`); None
+    where the layout cannot be told (building the networks then says so in one line)."""
+    from mappo.nn.actor_critic import picture_layout
+    from mappo.nn.layers import conv_maps, image_layout
+
+    m = cfg.model
+    try:
+        ch, h, w, _ = image_layout(shape, picture_layout(shape, spec, m), "", warn=False)
+    except config_mod.ConfigError:
+        return None
+    layers = list(zip(m.cnn_channels, m.cnn_kernels, m.cnn_strides, strict=True))
+    return conv_maps((ch, h, w), layers)
 
 
 def _warn_large_input(
     cfg: TrainConfig,
+    spec: Any,
     what: str,
     shape: tuple[int, ...],
     width: int,
@@ -865,16 +890,12 @@ def _warn_large_input(
     """One warning of :func:`_warn_large_observations`: ``what`` reads an input of ``shape``
     into a dense layer of ``width`` units, through the convolutions where ``convolved`` and
     ``model.encoder=cnn`` and the input is a picture; ``fix``: what else shrinks it."""
-    from mappo.nn.layers import conv_maps, image_layout
-
     m = cfg.model
     size, image = math.prod(shape), len(shape) == 3
     if m.encoder == "cnn" and image and convolved:
         # (convolutions with stride 1 can make a small picture's maps larger than the picture)
-        ch, h, w, _ = image_layout(shape, m.image_layout, what)
-        layers = list(zip(m.cnn_channels, m.cnn_kernels, m.cnn_strides, strict=True))
-        maps = conv_maps((ch, h, w), layers)
-        if maps > _LARGE_OBSERVATION:
+        maps = _conv_reads(cfg, spec, shape)
+        if maps is not None and maps > _LARGE_OBSERVATION:
             nature = ([32, 64, 64], [8, 4, 3], [4, 2, 1])
             example = (
                 ", e.g. model.cnn_channels=[32,64,64] model.cnn_kernels=[8,4,3] "
@@ -957,8 +978,9 @@ def train_seeds(
             )
         cfgs = [dataclasses.replace(cfg, seed=cfg.seed + k, num_seeds=1) for k in range(n)]
         _warn_new_run(cfg)
+        runs = _run_stacked(cfgs, checkpoints=None)
         _trust_own_module(cfg)
-        return _run_stacked(cfgs, checkpoints=None)
+        return runs
 
 
 def train_stacked(cfgs: list[TrainConfig], run_dirs: list[str | Path]) -> list[Run]:
@@ -973,18 +995,19 @@ def train_stacked(cfgs: list[TrainConfig], run_dirs: list[str | Path]) -> list[R
             raise config_mod.ConfigError("a run directory is given twice; give each seed its own")
         _check_stackable(cfgs, [str(p) for p in paths])
         _warn_new_run(cfgs[0])
-        _trust_own_module(cfgs[0])
         for p in paths:
             _check_unused(p)
         existed = [p.is_dir() for p in paths]
         for p in paths:
             p.mkdir(parents=True, exist_ok=True)
-        return _run_stacked(
+        runs = _run_stacked(
             [dataclasses.replace(c, num_seeds=1) for c in cfgs],
             checkpoints=None,
             run_dirs=paths,
             caller_folders=existed,
         )
+        _trust_own_module(cfgs[0])
+        return runs
 
 
 def _check_stackable(cfgs: list[TrainConfig], names: list[str]) -> None:
@@ -1023,7 +1046,7 @@ def _run_stacked(
     cfg = cfgs[0]
     device = config_mod.check_device(cfg.device)
     n = len(cfgs)
-    _check_memory(
+    probed = _check_memory(
         dataclasses.replace(
             cfg,
             env=dataclasses.replace(cfg.env, num_envs=cfg.env.num_envs * n),
@@ -1034,6 +1057,7 @@ def _run_stacked(
     blocks = make_seed_envs(cfgs, device)
     trainers: list[Trainer] = []
     try:
+        _check_before_networks(cfg, blocks.env_of(0), device, probed, seeds=n)
         stack = StackedPPOLearner(cfgs, blocks)
         for k, c in enumerate(cfgs):
             trainers.append(
@@ -1042,7 +1066,6 @@ def _run_stacked(
             trainers[k].error_prefix = f"seed {c.seed}: "
         if checkpoints is None:
             _warn_continuous_options(cfg, trainers[0].env)
-            _warn_large_observations(cfg, trainers[0].env)
             for k, t in enumerate(trainers):
                 t.run_dir = run_dirs[k] if run_dirs is not None else new_run_dir(t.cfg)
                 t.caller_folder = caller_folders is not None and caller_folders[k]

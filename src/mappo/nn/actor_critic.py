@@ -16,23 +16,48 @@ from torch import Tensor, nn
 
 from mappo.acting import GroupAct
 from mappo.config import AlgoConfig, ConfigError, ModelConfig
-from mappo.data import EnvSpec, EnvStep, GroupSpec
+from mappo.data import EnvSpec, EnvStep, GroupSpec, channel_axis
 from mappo.nn.distributions import DiagGaussian, MultiCategorical
 from mappo.nn.layers import MLP, AgentLinear, ConvEncoder, RecurrentCore, image_layout
 from mappo.nn.normalizers import PopArt, ValueNorm
 
 
+def picture_layout(shape: tuple[int, ...], spec: EnvSpec, cfg: ModelConfig) -> str:
+    """The layout an input of ``shape`` is read in: ``model.image_layout``, except that with
+    ``auto`` a picture laid over the observations' pixels (a state of the agents' pictures
+    stacked along their channels, as the adapters join them, or an env's own state of the same
+    size) takes the observations' layout, which the stacked channels may hide from the sizes
+    alone (``[5, 10, 6]`` for two ``[5, 10, 3]`` pictures would read as channels first)."""
+    if cfg.image_layout != "auto" or len(shape) != 3:
+        return cfg.image_layout
+    for group in spec.groups.values():
+        obs = tuple(group.obs_shape)
+        axis = channel_axis(obs) if len(obs) == 3 else None
+        if axis is None:
+            continue
+        pixels = [v for i, v in enumerate(obs) if i != axis]
+        if [v for i, v in enumerate(shape) if i != axis] == pixels:
+            return "hwc" if axis == 2 else "chw"
+    return cfg.image_layout
+
+
 def image_encoder(
-    in_features: int, shape: tuple[int, ...], cfg: ModelConfig, copies: int, what: str
+    in_features: int,
+    shape: tuple[int, ...],
+    cfg: ModelConfig,
+    copies: int,
+    what: str,
+    layout: str | None = None,
 ) -> ConvEncoder | None:
     """The convolutions of ``model.encoder=cnn`` over an input whose unflattened ``shape`` is
-    an image (three axes); ``None`` for other inputs and for ``model.encoder=mlp``."""
+    an image (three axes); ``None`` for other inputs and for ``model.encoder=mlp``.
+    ``layout``: the one to read it in (:func:`picture_layout`; default ``model.image_layout``)."""
     if cfg.encoder != "cnn" or len(shape) != 3:
         return None
     layers = list(zip(cfg.cnn_channels, cfg.cnn_kernels, cfg.cnn_strides, strict=True))
     return ConvEncoder(
         in_features,
-        image_layout(tuple(shape), cfg.image_layout, what),
+        image_layout(tuple(shape), layout or cfg.image_layout, what),
         layers,
         cfg.activation,
         copies,
@@ -77,9 +102,10 @@ class Trunk(nn.Module):
         copies: int,
         shape: tuple[int, ...] = (),
         what: str = "the input",
+        layout: str | None = None,
     ) -> None:
         super().__init__()
-        self.encoder = image_encoder(in_features, shape, cfg, copies, what)
+        self.encoder = image_encoder(in_features, shape, cfg, copies, what, layout)
         if self.encoder is not None:
             in_features = self.encoder.out_features
         self.mlp = MLP(
@@ -261,12 +287,13 @@ class Critic(nn.Module):
         value_norm: str,
         shape: tuple[int, ...] = (),
         what: str = "the critic's input",
+        layout: str | None = None,
     ) -> None:
         super().__init__()
         self.copies = copies
         self.in_features = in_features
         self.bf16 = cfg.precision == "bf16"
-        self.trunk = Trunk(in_features, cfg, copies, shape, what)
+        self.trunk = Trunk(in_features, cfg, copies, shape, what, layout)
         self.head = AgentLinear(self.trunk.out_features, 1, copies)
         self.head.reset_parameters(gain=1.0)
         self.normalizer: ValueNorm | None = {
@@ -367,6 +394,7 @@ class ActorCritic(nn.Module):
                 algo.value_norm,
                 tuple(shape),
                 f"group '{name}'s critic input ({source})",
+                picture_layout(tuple(shape), spec, model),
             )
             self.register_buffer(f"eye_{name}", torch.eye(n), persistent=False)
         trunks = [m.trunk for m in (*self.actors.values(), *self.critics.values())]

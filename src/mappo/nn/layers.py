@@ -105,13 +105,16 @@ class MLP(nn.Module):
         return self.net(x)
 
 
-def image_layout(shape: tuple[int, ...], layout: str, what: str) -> tuple[int, int, int, bool]:
+def image_layout(
+    shape: tuple[int, ...], layout: str, what: str, warn: bool = True
+) -> tuple[int, int, int, bool]:
     """``(channels, height, width, channels_last)`` of a 3-D observation ``shape``.
 
     ``layout`` ``"auto"`` takes the channels from the end axis that is smaller than both others
     (:func:`~mappo.data.channel_axis`); Gymnasium and PettingZoo images are ``[H, W, C]``,
     torch's ``[C, H, W]``. ``what`` names the input in the error raised where the shape does not
-    tell."""
+    tell; ``warn``: warn where an explicit layout reads the end that looks like the channels
+    as pixels."""
     if len(shape) != 3:
         raise ValueError(f"{what} has shape {tuple(shape)}; an image has three axes")
     if layout == "auto":
@@ -123,7 +126,7 @@ def image_layout(shape: tuple[int, ...], layout: str, what: str) -> tuple[int, i
                 "model.image_layout=chw ([channels, height, width])"
             )
         layout = "hwc" if axis == 2 else "chw"
-    elif channel_axis(shape) == (0 if layout == "hwc" else 2):
+    elif warn and channel_axis(shape) == (0 if layout == "hwc" else 2):
         # the other end looks like the channels: most likely a layout set for other pictures
         warnings.warn(
             f"model.image_layout={layout} reads {what} of shape {tuple(shape)} as "
