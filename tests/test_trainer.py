@@ -260,6 +260,7 @@ def _as_if_from_a_gpu(state):
         ("mpe/simple_spread", {}),  # the env's generator and the actions' and batches' ones
         ("mpe/simple_spread_qmix", {}),
         ("mpe/simple_spread_coma", {}),
+        ("mpe/simple_spread_maddpg", {}),  # three generators, one of them the Gumbel noise's
         ("mpe/simple_spread_ff_fast", {"num_seeds": 2}),  # stacked seeds: one env, blocks
     ],
 )
@@ -292,6 +293,7 @@ def test_a_run_trained_on_a_gpu_resumes_on_a_cpu(tmp_path, preset, over):
         ("mpe/simple_spread_ff_fast", "algo.critic_lr", "critic_lr"),
         ("mpe/simple_spread_qmix", "algo.lr", "lr"),
         ("mpe/simple_spread_coma", "algo.critic_lr", "critic_lr"),
+        ("mpe/simple_spread_maddpg", "algo.actor_lr", "actor_lr"),
     ],
 )
 def test_a_learning_rate_changed_on_resume_is_the_one_trained_with(tmp_path, preset, key, column):

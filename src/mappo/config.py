@@ -135,12 +135,14 @@ class ModelConfig:
     )
 
 
-ALGO_NAMES = ("mappo", "iql", "vdn", "qmix", "coma")
+ALGO_NAMES = ("mappo", "iql", "vdn", "qmix", "coma", "maddpg")
 _NAME_DOC = (
     "Algorithm family: 'mappo' (MAPPO/IPPO and their recurrent forms, on-policy) or a value "
     "decomposition method on an episode replay buffer: 'iql' (independent Q-learning), 'vdn' "
-    "(sum of agent Qs), 'qmix' (monotonic mixing network); or 'coma' (counterfactual "
-    "multi-agent policy gradients on whole episodes). Setting it first resets the other "
+    "(sum of agent Qs), 'qmix' (monotonic mixing network); 'coma' (counterfactual "
+    "multi-agent policy gradients on whole episodes); or 'maddpg' (deterministic actors "
+    "through Gumbel-softmax and a centralised Q critic of the joint action, on an episode "
+    "replay buffer). Setting it first resets the other "
     "algo.* fields to that family's defaults."
 )
 
@@ -320,6 +322,77 @@ class ComaConfig:
     )
 
 
+@dataclass
+class MaddpgConfig:
+    """MADDPG (Lowe et al. 2017, "Multi-Agent Actor-Critic for Mixed Cooperative-Competitive
+    Environments") for discrete actions, as the MAPPO paper's off-policy baseline code runs it on
+    the particle world (github.com/marlbenchmark/off-policy).
+
+    Each iteration plays one episode in each of ``env.num_envs`` envs (the actors' sampled
+    actions, mixed with epsilon-uniform exploration), stores them, and takes
+    ``updates_per_iteration`` steps on ``batch_size`` episodes sampled from the buffer: the
+    critic ``Q(s, u_1..u_N)`` (global state and every agent's one-hot action) regresses on
+    one-step targets of the target networks, then each agent's actor climbs the critic through
+    a straight-through Gumbel-softmax sample of its own action, the others' actions as stored;
+    the targets follow by Polyak averaging after every step.
+    """
+
+    name: str = _field("maddpg", _NAME_DOC, choices=ALGO_NAMES)
+    gamma: float = _field(0.99, "Discount factor.", low=0.0, high=1.0)
+    actor_lr: float = _field(7e-4, "Actor learning rate (Adam).", low=0.0, low_open=True)
+    critic_lr: float = _field(7e-4, "Critic learning rate (Adam).", low=0.0, low_open=True)
+    adam_eps: float = _field(1e-5, "Adam epsilon.", low=0.0, low_open=True)
+    max_grad_norm: float | None = _field(
+        10.0,
+        "Gradient-norm clip of the actors and of the critic; None = off.",
+        low=0.0,
+        low_open=True,
+    )
+    batch_size: int = _field(32, "Episodes per gradient step.", low=1)
+    buffer_size: int = _field(5000, "Replay buffer capacity in episodes.", low=1)
+    buffer_in_checkpoints: bool = _field(
+        True,
+        "Save the replay buffer in periodic checkpoints (exact resume); false keeps checkpoints "
+        "small and resumes with an empty buffer.",
+    )
+    updates_per_iteration: int = _field(1, "Gradient steps after each batch of episodes.", low=1)
+    target_tau: float = _field(
+        0.005,
+        "Polyak rate of the target actors and critic after every gradient step "
+        "(target += tau * (online - target)).",
+        low=0.0,
+        low_open=True,
+        high=1.0,
+    )
+    gumbel_temperature: float = _field(
+        1.0,
+        "Temperature of the Gumbel-softmax relaxation through which the actor loss reaches an "
+        "agent's logits (its forward value is the sampled one-hot action).",
+        low=0.0,
+        low_open=True,
+    )
+    epsilon_start: float = _field(1.0, "Exploration epsilon at the start.", low=0.0, high=1.0)
+    epsilon_finish: float = _field(0.05, "Exploration epsilon after the anneal.", low=0.0, high=1.0)
+    epsilon_anneal_steps: int = _field(
+        50_000, "Env steps over which epsilon goes from start to finish.", low=1
+    )
+    epsilon_schedule: str = _field(
+        "linear", "Epsilon schedule over env steps.", choices=("linear", "exponential")
+    )
+    last_action: bool = _field(False, "Feed the agent's previous action (one-hot) to its actor.")
+    standardise_rewards: bool = _field(
+        False,
+        "Standardise rewards with running statistics before the targets (the off-policy "
+        "code's use_reward_normalization).",
+    )
+    bootstrap_truncation: bool = _field(
+        True,
+        "Bootstrap the target of a step that a time limit cut from the final observation; "
+        "false treats the time limit as terminal, as the MAPPO paper's off-policy code does "
+        "on the particle world.",
+    )
+
+
 # Which dataclass holds the algo.* fields of each algorithm name.
 ALGO_CLASSES: dict[str, type] = {
     "mappo": AlgoConfig,
@@ -327,6 +400,7 @@ ALGO_CLASSES: dict[str, type] = {
     "vdn": ValueConfig,
     "qmix": ValueConfig,
     "coma": ComaConfig,
+    "maddpg": MaddpgConfig,
 }
 
 
@@ -336,7 +410,7 @@ class TrainConfig:
 
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    algo: AlgoConfig | ValueConfig | ComaConfig = field(default_factory=AlgoConfig)
+    algo: AlgoConfig | ValueConfig | ComaConfig | MaddpgConfig = field(default_factory=AlgoConfig)
     rollout_length: int = _field(25, "Steps per environment in each rollout (mappo).", low=1)
     total_env_steps: int = _field(
         2_000_000,
@@ -408,8 +482,8 @@ class TrainConfig:
 
     @property
     def family(self) -> str:
-        """``"ppo"`` (mappo), ``"value"`` (iql, vdn, qmix) or ``"coma"``."""
-        return {"mappo": "ppo", "coma": "coma"}.get(self.algo.name, "value")
+        """``"ppo"`` (mappo), ``"value"`` (iql, vdn, qmix), ``"coma"`` or ``"maddpg"``."""
+        return {"mappo": "ppo", "coma": "coma", "maddpg": "maddpg"}.get(self.algo.name, "value")
 
     @property
     def steps_per_update(self) -> int:
@@ -725,7 +799,8 @@ def check(cfg: TrainConfig, saved: bool = False) -> None:
             f"config field 'algo.name' is {cfg.algo.name!r} but the algo section is a "
             f"{type(cfg.algo).__name__}; build it as {ALGO_CLASSES[cfg.algo.name].__name__}()"
         )
-    if isinstance(cfg.algo, ValueConfig) and cfg.algo.buffer_size < cfg.env.num_envs:
+    replay = isinstance(cfg.algo, (ValueConfig, MaddpgConfig))
+    if replay and cfg.algo.buffer_size < cfg.env.num_envs:
         raise ConfigError(
             f"config field 'algo.buffer_size' ({cfg.algo.buffer_size}) must hold at least one "
             f"iteration's episodes (env.num_envs = {cfg.env.num_envs}); enlarge it"
@@ -747,12 +822,12 @@ def check(cfg: TrainConfig, saved: bool = False) -> None:
                         f"config field 'algo.{key}' sizes QMIX's mixer, but {cfg.algo.name} "
                         f"{mixer}; drop it or set algo.name=qmix"
                     )
-        if cfg.algo.batch_size > cfg.algo.buffer_size:
-            raise ConfigError(
-                f"config field 'algo.batch_size' ({cfg.algo.batch_size}) exceeds "
-                f"'algo.buffer_size' ({cfg.algo.buffer_size}); lower it or enlarge the buffer"
-            )
-    elif isinstance(cfg.algo, AlgoConfig):
+    if replay and cfg.algo.batch_size > cfg.algo.buffer_size:
+        raise ConfigError(
+            f"config field 'algo.batch_size' ({cfg.algo.batch_size}) exceeds "
+            f"'algo.buffer_size' ({cfg.algo.buffer_size}); lower it or enlarge the buffer"
+        )
+    if isinstance(cfg.algo, AlgoConfig):
         # What an update splits into mini-batches: steps, or for recurrent networks chunks of
         # data_chunk_length steps (the last one padded).
         steps = cfg.env.num_envs * cfg.rollout_length

@@ -91,7 +91,8 @@ def estimate_bytes(
         "env.num_envs": train,
         "eval_episodes": cfg.eval_episodes * _eval_episode_bytes(spec, state_bytes),
     }
-    buffer_size = getattr(cfg.algo, "buffer_size", 0) if cfg.family == "value" else 0
+    replay = cfg.family in ("value", "maddpg")
+    buffer_size = getattr(cfg.algo, "buffer_size", 0) if replay else 0
     if buffer_size:
         stored = (spec.episode_limit + 1) * buffer_step_bytes(spec, byte_observations)
         parts["algo.buffer_size"] = buffer_size * stored

@@ -859,6 +859,9 @@ def _warn_large_observations(cfg: TrainConfig, env: BatchedEnv) -> None:
         reader = "QMIX's hypernetworks" if algo == "qmix" else "COMA's critic"
         fix = "algo.name=vdn mixes without the state" if algo == "qmix" else "algo.name=mappo"
         _warn_large_input(cfg, spec, f"{reader} on {where} read", state, width, fix, False)
+    elif algo == "maddpg":  # its critic reads the state flat, whatever the actors' encoder
+        fix = "algo.name=mappo with algo.critic_input=local"
+        _warn_large_input(cfg, spec, f"MADDPG's critic on {where} reads", state, first, fix, False)
 
 
 def _conv_reads(cfg: TrainConfig, spec: Any, shape: tuple[int, ...]) -> int | None:

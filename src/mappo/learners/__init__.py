@@ -46,6 +46,10 @@ def make_learner(cfg: TrainConfig, env: BatchedEnv) -> Learner:
         from mappo.learners.coma import ComaLearner
 
         return ComaLearner(cfg, env)
+    if cfg.family == "maddpg":
+        from mappo.learners.maddpg import MaddpgLearner
+
+        return MaddpgLearner(cfg, env)
     from mappo.learners.value import ValueLearner
 
     return ValueLearner(cfg, env)
@@ -61,6 +65,10 @@ def build_networks(spec: EnvSpec, cfg: TrainConfig) -> nn.Module:
         from mappo.nn.coma import ComaNetworks
 
         return ComaNetworks(spec, cfg.model, cfg.algo)
+    if cfg.family == "maddpg":
+        from mappo.nn.maddpg import MaddpgNetworks
+
+        return MaddpgNetworks(spec, cfg.model, cfg.algo)
     from mappo.nn.q_agents import QNetworks
 
     return QNetworks(spec, cfg.model, cfg.algo)

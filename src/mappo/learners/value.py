@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -19,12 +20,32 @@ from mappo.algos.mappo import load_optimizer_state
 from mappo.algos.value import epsilon_at, make_optimizer, update
 from mappo.checkpoint import restore_generator
 from mappo.config import TrainConfig, ValueConfig
+from mappo.data import EpisodeBatch
 from mappo.envs.base import BatchedEnv
 from mappo.episodes import EpisodeBuffer, EpisodeCollector, collection_seed
 from mappo.learners.ppo import clock, generator
 from mappo.nn.normalizers import RunningMeanStd
 from mappo.nn.q_agents import QNetworks
 from mappo.rollout import EpisodeTracker
+
+
+def replay_updates(
+    buffer: EpisodeBuffer,
+    batch_size: int,
+    updates: int,
+    generator: torch.Generator,
+    step: Callable[[EpisodeBatch], dict[str, torch.Tensor]],
+) -> dict[str, float]:
+    """``updates`` calls of ``step`` on batches of ``batch_size`` episodes sampled from
+    ``buffer`` (none until it holds a batch); the mean of each term they return. The terms stay
+    tensors until the end: one host synchronisation per iteration, not per step."""
+    if buffer.size < batch_size:
+        return {}
+    sums: dict[str, torch.Tensor] = {}
+    for _ in range(updates):
+        for k, v in step(buffer.sample(batch_size, generator)).items():
+            sums[k] = sums[k] + v if k in sums else v
+    return {k: float(v) / updates for k, v in sums.items()}
 
 
 class ValueLearner:
@@ -72,15 +93,15 @@ class ValueLearner:
         self.episodes += self.env.num_envs
         t1 = clock(self.device)
         self.policy.train()
-        sums: dict[str, torch.Tensor] = {}
-        updates = 0
-        if self.buffer.size >= algo.batch_size:
-            for _ in range(algo.updates_per_iteration):
-                batch = self.buffer.sample(algo.batch_size, self.sample_gen)
-                terms = update(self.policy, self.target, batch, self.optim, algo, self.reward_norm)
-                for k, v in terms.items():
-                    sums[k] = sums.get(k, 0.0) + v
-                updates += 1
+        means = replay_updates(
+            self.buffer,
+            algo.batch_size,
+            algo.updates_per_iteration,
+            self.sample_gen,
+            lambda batch: update(
+                self.policy, self.target, batch, self.optim, algo, self.reward_norm
+            ),
+        )
         if algo.target_tau is None and (
             self.episodes - self.last_target_update >= algo.target_update_interval
         ):
@@ -91,7 +112,7 @@ class ValueLearner:
             "env_steps": steps,
             "rollout_seconds": t1 - t0,
             "update_seconds": t2 - t1,
-            **{k: float(v) / updates for k, v in sums.items()},
+            **means,
         }
 
     def schedule_metrics(self) -> dict[str, float]:

@@ -35,6 +35,18 @@ def coma_policy(logits: Tensor, mask: Tensor | None, epsilon: float) -> Tensor:
     return probs
 
 
+def sample_allowed(probs: Tensor, mask: Tensor | None, generator: torch.Generator | None) -> Tensor:
+    """One action per row of ``probs [..., A]`` -> ``[...]`` int64, never a masked one."""
+    # One draw by exponential races, as torch.multinomial's single draw makes it (the same
+    # actions from the same generator), without its checks of the probabilities, which read
+    # values back to the host: two waits on a GPU in every env step.
+    race = torch.empty_like(probs).exponential_(1, generator=generator)
+    scores = probs / race
+    if mask is not None:  # (probabilities that are NaN still pick an allowed action)
+        scores = scores.masked_fill(~mask, -torch.inf)
+    return scores.argmax(-1)
+
+
 class ComaCritic(nn.Module):
     """``Q_a(s, u^-a, .)`` for every agent: ``[L, B] inputs -> [L, B, n, A]``."""
 
@@ -83,7 +95,34 @@ class ComaCritic(nn.Module):
         return self.net(x)
 
 
-class ComaNetworks(AgentNetworks):
+class SampledActors(AgentNetworks):
+    """Agent networks read as policy logits (COMA's and MADDPG's actors): acting samples from
+    :func:`coma_policy` with ``epsilon`` (the configured final one when None); greedy acting
+    takes the most likely action."""
+
+    explore_epsilon: float
+
+    def act_group(
+        self,
+        name: str,
+        obs: Tensor,
+        state: Tensor,
+        starts: Tensor,
+        mask: Tensor | None,
+        greedy: bool,
+        generator: torch.Generator | None,
+        epsilon: float | None = None,
+    ) -> GroupAct:
+        logits, hidden = self.step_agent(name, obs, state, starts)
+        if greedy:
+            action = coma_policy(logits, mask, 0.0).argmax(-1)
+        else:
+            eps = self.explore_epsilon if epsilon is None else epsilon
+            action = sample_allowed(coma_policy(logits, mask, eps), mask, generator)
+        return GroupAct(action.unsqueeze(-1), self.next_state(name, hidden, action))
+
+
+class ComaNetworks(SampledActors):
     """The actors of the (single) group and the critic: what a COMA checkpoint's ``policy``
     holds. Acting samples from :func:`coma_policy` (greedy: its most likely action)."""
 
@@ -102,30 +141,3 @@ class ComaNetworks(AgentNetworks):
             picture_scale(spec.state_shape, model),
             picture_scale(group.obs_shape, model),
         )
-
-    def act_group(
-        self,
-        name: str,
-        obs: Tensor,
-        state: Tensor,
-        starts: Tensor,
-        mask: Tensor | None,
-        greedy: bool,
-        generator: torch.Generator | None,
-        epsilon: float | None = None,
-    ) -> GroupAct:
-        logits, hidden = self.step_agent(name, obs, state, starts)
-        if greedy:
-            action = coma_policy(logits, mask, 0.0).argmax(-1)
-        else:
-            eps = self.explore_epsilon if epsilon is None else epsilon
-            probs = coma_policy(logits, mask, eps)
-            # One draw by exponential races, as torch.multinomial's single draw makes it (the
-            # same actions from the same generator), without its checks of the probabilities,
-            # which read values back to the host: two waits on a GPU in every env step.
-            race = torch.empty_like(probs).exponential_(1, generator=generator)
-            scores = probs / race
-            if mask is not None:  # (probabilities that are NaN still pick an allowed action)
-                scores = scores.masked_fill(~mask, -torch.inf)
-            action = scores.argmax(-1)
-        return GroupAct(action.unsqueeze(-1), self.next_state(name, hidden, action))

@@ -1,0 +1,165 @@
+"""The MADDPG update for discrete actions, in one file (Lowe et al. 2017, Eqs. 5-6; the MAPPO
+paper's off-policy baseline code, ``MADDPG.shared_train_policy_on_batch``).
+
+**Critic.** ``Q(s_t, u_t)`` of the stored joint action regresses on the one-step target
+``r_t + gamma * Q'(s_(t+1), u')``, where ``u'`` is every agent's greedy action under its target
+actor (the allowed action of the largest logit) and ``Q'`` the target critic. Termination never
+bootstraps; a time-limit truncation bootstraps from the final observation or, with
+``bootstrap_truncation`` off, ends the return (the off-policy code on the particle world).
+
+**Actors.** Agent a's loss is ``-Q(s_t, (u^-a_t, g_a))``: the critic of the stored joint
+action with a's own block replaced by a straight-through Gumbel-softmax sample ``g_a`` of its
+actor (Jang et al. 2017): the forward value is the sampled one-hot action, the gradient that of
+the relaxed softmax. Every agent's replacement is one row of one batched critic call; the mean
+runs over the steps the episodes filled where the agent was alive.
+
+Shapes: ``T`` steps of the longest sampled episode (``T + 1`` stored with the final
+observation), ``B`` episodes, ``n`` agents of a group, ``A`` its actions, ``W`` the joint
+action's width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mappo.algos.mappo import grad_norm
+from mappo.algos.returns import n_step_targets
+from mappo.algos.value import soft_update
+from mappo.config import MaddpgConfig
+from mappo.data import EpisodeBatch
+from mappo.nn.maddpg import MaddpgNetworks
+from mappo.nn.normalizers import RunningMeanStd
+from mappo.nn.q_agents import masked_argmax
+
+
+def gumbel_softmax_sample(
+    logits: Tensor, mask: Tensor | None, temperature: float, generator: torch.Generator | None
+) -> Tensor:
+    """A one-hot sample ``[..., A]`` of ``softmax(logits)`` over the allowed actions, whose
+    gradient is that of ``softmax((logits + G) / temperature)`` (``G`` the Gumbel noise that
+    drew it): the straight-through Gumbel-softmax estimator."""
+    if mask is not None:
+        logits = logits.masked_fill(~mask, -torch.inf)
+    # -log of an Exp(1) draw is a standard Gumbel draw
+    noise = -torch.empty_like(logits).exponential_(1, generator=generator).log()
+    soft = torch.softmax((logits + noise) / temperature, -1)
+    hard = F.one_hot(soft.argmax(-1), soft.shape[-1]).to(soft.dtype)
+    return hard + soft - soft.detach()
+
+
+def critic_loss(
+    online: MaddpgNetworks,
+    target: MaddpgNetworks,
+    batch: EpisodeBatch,
+    cfg: MaddpgConfig,
+    reward_norm: RunningMeanStd | None = None,
+) -> dict[str, Tensor]:
+    """Mean squared TD error of ``online.critic`` over the filled steps of a time-major episode
+    batch ``[T + 1, B, ...]``; ``reward_norm`` (when given) standardises the rewards after folding
+    in this batch's filled ones. Returns ``loss`` and detached diagnostics."""
+    stored = online.joint(online.onehots(batch.actions))  # [T + 1, B, W]
+    q = online.critic(batch.state[:-1], stored[:-1])  # [T, B]
+    with torch.no_grad():
+        logits = target.unroll(batch.obs, batch.actions)
+        greedy = {
+            name: F.one_hot(masked_argmax(out, batch.action_mask.get(name)), out.shape[-1]).float()
+            for name, out in logits.items()
+        }
+        next_q = target.critic(batch.state[1:], target.joint(greedy)[1:])  # [T, B]
+        filled = batch.filled[:-1]
+        rewards = batch.reward[:-1]
+        if reward_norm is not None:
+            reward_norm.update(rewards[filled])
+            rewards = reward_norm.standardise(rewards)
+        ends = batch.ends[:-1]
+        term = batch.terminated[:-1] if cfg.bootstrap_truncation else ends
+        targets = n_step_targets(rewards, next_q, term, ends, cfg.gamma, 1)  # [T, B]
+    weight = filled.to(q.dtype)
+    count = weight.sum().clamp_min(1.0)
+    # where, not a product: a padded step's target may be anything, even infinite.
+    error = torch.where(filled, q - targets, 0.0)
+    with torch.no_grad():
+        terms = {
+            "td_error_abs": error.abs().sum() / count,
+            "q_taken_mean": (q * weight).sum() / count,
+            "target_mean": (targets * weight).sum() / count,
+        }
+    return {"loss": error.square().sum() / count, **terms}
+
+
+def actor_loss(
+    online: MaddpgNetworks,
+    batch: EpisodeBatch,
+    cfg: MaddpgConfig,
+    generator: torch.Generator | None,
+) -> Tensor:
+    """``-Q`` of every agent's Gumbel-softmax action among the others' stored ones, averaged over
+    the filled steps where the agent was alive."""
+    logits = online.unroll(batch.obs, batch.actions)  # [T + 1, B, n, A] per group
+    onehots = {name: x[:-1] for name, x in online.onehots(batch.actions).items()}
+    state = batch.state[:-1]
+    filled = batch.filled[:-1]
+    total = torch.zeros((), device=state.device)
+    count = torch.zeros((), device=state.device)
+    for name, out in logits.items():
+        mask = batch.action_mask.get(name)
+        sample = gumbel_softmax_sample(
+            out[:-1], None if mask is None else mask[:-1], cfg.gumbel_temperature, generator
+        )  # [T, B, n, A]
+        n = sample.shape[-2]
+        own = torch.eye(n, dtype=torch.bool, device=sample.device).unsqueeze(-1)  # [n, n, 1]
+        # row i: agent i's block from its sample, every other agent's as stored: [T, B, n, n, A]
+        replaced = torch.where(own, sample.unsqueeze(-3), onehots[name].unsqueeze(-3))
+        blocks = {
+            other: x.unsqueeze(-3).expand(*x.shape[:2], n, *x.shape[2:])
+            for other, x in onehots.items()
+        }
+        blocks[name] = replaced
+        joint = online.joint(blocks)  # [T, B, n, W]
+        q = online.critic(state.unsqueeze(2), joint)  # [T, B, n]
+        keep = filled.unsqueeze(-1) & batch.alive[name][:-1]
+        total = total - torch.where(keep, q, 0.0).sum()
+        count = count + keep.sum()
+    return total / count.clamp_min(1.0)
+
+
+def update(
+    online: MaddpgNetworks,
+    target: MaddpgNetworks,
+    batch: EpisodeBatch,
+    actor_optim: torch.optim.Optimizer,
+    critic_optim: torch.optim.Optimizer,
+    cfg: MaddpgConfig,
+    generator: torch.Generator | None,
+    reward_norm: RunningMeanStd | None = None,
+) -> dict[str, Tensor]:
+    """One critic step, then one actor step on the updated critic, then the targets' Polyak
+    step. Returns the losses, the critic's diagnostics and both gradient norms (before
+    clipping)."""
+    critic = online.critic
+    terms = critic_loss(online, target, batch, cfg, reward_norm)
+    critic_optim.zero_grad(set_to_none=True)
+    terms["loss"].backward()
+    critic_norm = grad_norm(list(critic.parameters()), cfg.max_grad_norm)
+    critic_optim.step()
+    # The actor's gradient passes through the critic's input, not into its weights.
+    critic.requires_grad_(False)
+    try:
+        loss = actor_loss(online, batch, cfg, generator)
+        actor_optim.zero_grad(set_to_none=True)
+        loss.backward()
+    finally:
+        critic.requires_grad_(True)
+    actor_params = [p for p in online.agents.parameters() if p.grad is not None]
+    actor_norm = grad_norm(actor_params, cfg.max_grad_norm)
+    actor_optim.step()
+    soft_update(target, online, cfg.target_tau)
+    return {
+        "critic_loss": terms.pop("loss").detach(),
+        "actor_loss": loss.detach(),
+        **terms,
+        "critic_grad_norm": critic_norm,
+        "actor_grad_norm": actor_norm,
+    }
