@@ -311,7 +311,7 @@ def test_a_mixed_team_trains_resumes_exactly_and_evaluates(tmp_path: Path) -> No
 
 
 def test_value_methods_refuse_continuous_groups() -> None:
-    for algo in ("qmix", "vdn", "iql", "coma", "maddpg"):
+    for algo in ("qmix", "vdn", "iql", "coma"):
         with pytest.raises(ConfigError, match="algo.name=mappo"):
             Trainer(C.load(None, {**REACH, "algo.name": algo}))
 

@@ -325,16 +325,17 @@ class ComaConfig:
 @dataclass
 class MaddpgConfig:
     """MADDPG (Lowe et al. 2017, "Multi-Agent Actor-Critic for Mixed Cooperative-Competitive
-    Environments") for discrete actions, as the MAPPO paper's off-policy baseline code runs it on
-    the particle world (github.com/marlbenchmark/off-policy).
+    Environments"), as the MAPPO paper's off-policy baseline code runs it on the particle world
+    (github.com/marlbenchmark/off-policy).
 
-    Each iteration plays one episode in each of ``env.num_envs`` envs (the actors' sampled
-    actions, mixed with epsilon-uniform exploration), stores them, and takes
-    ``updates_per_iteration`` steps on ``batch_size`` episodes sampled from the buffer: the
-    critic ``Q(s, u_1..u_N)`` (global state and every agent's one-hot action) regresses on
-    one-step targets of the target networks, then each agent's actor climbs the critic through
-    a straight-through Gumbel-softmax sample of its own action, the others' actions as stored;
-    the targets follow by Polyak averaging after every step.
+    Each iteration plays one episode in each of ``env.num_envs`` envs (discrete actions sampled
+    from the actors and mixed with epsilon-uniform exploration; actions in a box deterministic
+    plus Gaussian noise), stores them, and takes ``updates_per_iteration`` steps on
+    ``batch_size`` episodes sampled from the buffer: the critic ``Q(s, u_1..u_N)`` (global state
+    and every agent's action) regresses on one-step targets of the target networks, then each
+    agent's actor climbs the critic through its own action (a straight-through Gumbel-softmax
+    sample, or the deterministic action in a box), the others' actions as stored; the targets
+    follow by Polyak averaging after every step.
     """
 
     name: str = _field("maddpg", _NAME_DOC, choices=ALGO_NAMES)
@@ -371,15 +372,28 @@ class MaddpgConfig:
         low=0.0,
         low_open=True,
     )
-    epsilon_start: float = _field(1.0, "Exploration epsilon at the start.", low=0.0, high=1.0)
-    epsilon_finish: float = _field(0.05, "Exploration epsilon after the anneal.", low=0.0, high=1.0)
+    epsilon_start: float = _field(
+        1.0, "Exploration epsilon at the start (discrete actions).", low=0.0, high=1.0
+    )
+    epsilon_finish: float = _field(
+        0.05, "Exploration epsilon after the anneal (discrete actions).", low=0.0, high=1.0
+    )
     epsilon_anneal_steps: int = _field(
         50_000, "Env steps over which epsilon goes from start to finish.", low=1
     )
     epsilon_schedule: str = _field(
         "linear", "Epsilon schedule over env steps.", choices=("linear", "exponential")
     )
-    last_action: bool = _field(False, "Feed the agent's previous action (one-hot) to its actor.")
+    action_noise: float = _field(
+        0.1,
+        "Continuous actions: standard deviation of the Gaussian noise added to the actors' "
+        "actions while training, in units of half the box's width (the off-policy code's "
+        "act_noise_std).",
+        low=0.0,
+    )
+    last_action: bool = _field(
+        False, "Feed the agent's previous action (one-hot, or a box's components) to its actor."
+    )
     standardise_rewards: bool = _field(
         False,
         "Standardise rewards with running statistics before the targets (the off-policy "

@@ -170,10 +170,11 @@ class EpisodeCollector:
             self._group_checks = 0
             groups = ", ".join(f"'{g}'" for g in env.spec.groups)
             warnings.warn(
-                f"the groups {groups} of {env.name} get different rewards, and the value "
-                "family learns one team reward, the mean over every agent (PyMARL's common "
-                "reward): opposing groups are trained on each other's rewards; train "
-                "competing groups with algo.name=mappo, which keeps each group's own reward",
+                f"the groups {groups} of {env.name} get different rewards, and the algorithms "
+                "on whole episodes (IQL, VDN, QMIX, COMA, MADDPG) learn one team reward, the "
+                "mean over every agent (PyMARL's common reward): opposing groups are trained on "
+                "each other's rewards; train competing groups with algo.name=mappo, which keeps "
+                "each group's own reward",
                 stacklevel=2,
             )
         return b, int(b.filled.sum())

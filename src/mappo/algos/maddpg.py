@@ -1,17 +1,20 @@
-"""The MADDPG update for discrete actions, in one file (Lowe et al. 2017, Eqs. 5-6; the MAPPO
+"""The MADDPG update, in one file (Lowe et al. 2017, Eqs. 5-6; the MAPPO
 paper's off-policy baseline code, ``MADDPG.shared_train_policy_on_batch``).
 
 **Critic.** ``Q(s_t, u_t)`` of the stored joint action regresses on the one-step target
 ``r_t + gamma * Q'(s_(t+1), u')``, where ``u'`` is every agent's greedy action under its target
-actor (the allowed action of the largest logit) and ``Q'`` the target critic. Termination never
+actor (the allowed action of the largest logit; in a box the deterministic action) and ``Q'``
+the target critic. Termination never
 bootstraps; a time-limit truncation bootstraps from the final observation or, with
 ``bootstrap_truncation`` off, ends the return (the off-policy code on the particle world).
 
 **Actors.** Agent a's loss is ``-Q(s_t, (u^-a_t, g_a))``: the critic of the stored joint
 action with a's own block replaced by a straight-through Gumbel-softmax sample ``g_a`` of its
 actor (Jang et al. 2017): the forward value is the sampled one-hot action, the gradient that of
-the relaxed softmax. Every agent's replacement is one row of one batched critic call; the mean
-runs over the steps the episodes filled where the agent was alive.
+the relaxed softmax. In a box ``g_a`` is the actor's deterministic action (the deterministic
+policy gradient of Lowe et al. 2017, Eq. 6). Every agent's replacement is one row of one
+batched critic call; the mean runs over the steps the episodes filled where the agent was
+alive.
 
 Shapes: ``T`` steps of the longest sampled episode (``T + 1`` stored with the final
 observation), ``B`` episodes, ``n`` agents of a group, ``A`` its actions, ``W`` the joint
@@ -31,7 +34,6 @@ from mappo.config import MaddpgConfig
 from mappo.data import EpisodeBatch
 from mappo.nn.maddpg import MaddpgNetworks
 from mappo.nn.normalizers import RunningMeanStd
-from mappo.nn.q_agents import masked_argmax
 
 
 def gumbel_softmax_sample(
@@ -59,14 +61,11 @@ def critic_loss(
     """Mean squared TD error of ``online.critic`` over the filled steps of a time-major episode
     batch ``[T + 1, B, ...]``; ``reward_norm`` (when given) standardises the rewards after folding
     in this batch's filled ones. Returns ``loss`` and detached diagnostics."""
-    stored = online.joint(online.onehots(batch.actions))  # [T + 1, B, W]
+    stored = online.joint(online.features(batch.actions))  # [T + 1, B, W]
     q = online.critic(batch.state[:-1], stored[:-1])  # [T, B]
     with torch.no_grad():
-        logits = target.unroll(batch.obs, batch.actions)
-        greedy = {
-            name: F.one_hot(masked_argmax(out, batch.action_mask.get(name)), out.shape[-1]).float()
-            for name, out in logits.items()
-        }
+        outputs = target.unroll(batch.obs, batch.actions)
+        greedy = target.greedy_features(outputs, batch.action_mask)
         next_q = target.critic(batch.state[1:], target.joint(greedy)[1:])  # [T, B]
         filled = batch.filled[:-1]
         rewards = batch.reward[:-1]
@@ -97,24 +96,27 @@ def actor_loss(
 ) -> Tensor:
     """``-Q`` of every agent's Gumbel-softmax action among the others' stored ones, averaged over
     the filled steps where the agent was alive."""
-    logits = online.unroll(batch.obs, batch.actions)  # [T + 1, B, n, A] per group
-    onehots = {name: x[:-1] for name, x in online.onehots(batch.actions).items()}
+    outputs = online.unroll(batch.obs, batch.actions)  # [T + 1, B, n, A] per group
+    stored = {name: x[:-1] for name, x in online.features(batch.actions).items()}
     state = batch.state[:-1]
     filled = batch.filled[:-1]
     total = torch.zeros((), device=state.device)
     count = torch.zeros((), device=state.device)
-    for name, out in logits.items():
+    for name, out in outputs.items():
         mask = batch.action_mask.get(name)
-        sample = gumbel_softmax_sample(
-            out[:-1], None if mask is None else mask[:-1], cfg.gumbel_temperature, generator
-        )  # [T, B, n, A]
+        if online.continuous(name):  # the deterministic policy gradient
+            sample = torch.tanh(out[:-1])  # [T, B, n, d]
+        else:
+            sample = gumbel_softmax_sample(
+                out[:-1], None if mask is None else mask[:-1], cfg.gumbel_temperature, generator
+            )  # [T, B, n, A]
         n = sample.shape[-2]
         own = torch.eye(n, dtype=torch.bool, device=sample.device).unsqueeze(-1)  # [n, n, 1]
         # row i: agent i's block from its sample, every other agent's as stored: [T, B, n, n, A]
-        replaced = torch.where(own, sample.unsqueeze(-3), onehots[name].unsqueeze(-3))
+        replaced = torch.where(own, sample.unsqueeze(-3), stored[name].unsqueeze(-3))
         blocks = {
             other: x.unsqueeze(-3).expand(*x.shape[:2], n, *x.shape[2:])
-            for other, x in onehots.items()
+            for other, x in stored.items()
         }
         blocks[name] = replaced
         joint = online.joint(blocks)  # [T, B, n, W]

@@ -1,12 +1,14 @@
-"""MADDPG's networks for discrete actions: the actors (the value family's agent network, read as
-policy logits) and one centralised critic of the joint action (Lowe et al. 2017, Section 4.1;
-the MAPPO paper's off-policy baseline code, ``MADDPG_Actor`` / ``MADDPG_Critic``).
+"""MADDPG's networks: the actors (the value family's agent network, read as policy logits, or
+as a deterministic action in a box) and one centralised critic of the joint action (Lowe et
+al. 2017, Section 4.1; the MAPPO paper's off-policy baseline code, ``MADDPG_Actor`` /
+``MADDPG_Critic``).
 
-The critic ``Q(s, u_1, ..., u_N)`` reads the global state and every agent's action as a one-hot
-block, the groups in the env's order and the agents in their group's order, through an MLP of
-``model.hidden_sizes`` (with the model's activation and LayerNorms) to one value: the team's
-return, as the cooperative tasks reward the team. Shapes: ``L`` steps, ``B`` episodes, ``n``
-agents of a group, ``A`` its actions, ``W`` the joint action's width (``sum n * A``).
+The critic ``Q(s, u_1, ..., u_N)`` reads the global state and every agent's action (a one-hot
+block, or a box's components in ``[-1, 1]``), the groups in the env's order and the agents in
+their group's order, through an MLP of ``model.hidden_sizes`` (with the model's activation and
+LayerNorms) to one value: the team's return, as the cooperative tasks reward the team.
+Shapes: ``L`` steps, ``B`` episodes, ``n`` agents of a group, ``A`` its actions (``d``
+components in a box), ``W`` the joint action's width (``sum n * A``).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mappo.config import MaddpgConfig, ModelConfig
+from mappo.acting import GroupAct
+from mappo.config import ConfigError, MaddpgConfig, ModelConfig
 from mappo.data import EnvSpec
 from mappo.nn.actor_critic import picture_scale
 from mappo.nn.coma import SampledActors
 from mappo.nn.layers import MLP
+from mappo.nn.q_agents import masked_argmax
 
 
 class JointCritic(nn.Module):
@@ -55,24 +59,80 @@ class JointCritic(nn.Module):
 class MaddpgNetworks(SampledActors):
     """Every group's actors and the joint critic: what a MADDPG checkpoint's ``policy`` holds.
 
-    Acting samples from the softmax of the actor's logits mixed with ``epsilon`` of the uniform
-    distribution over the allowed actions, as COMA's actors do: the off-policy code's Gumbel
-    sample followed by an epsilon-greedy choice has this distribution. Greedy acting takes the
-    largest logit.
+    A discrete group samples from the softmax of its actor's logits mixed with ``epsilon`` of
+    the uniform distribution over the allowed actions, as COMA's actors do: the off-policy
+    code's Gumbel sample followed by an epsilon-greedy choice has this distribution; greedy
+    acting takes the largest logit. A group that acts in a box is deterministic (Lowe et al.'s
+    continuous MADDPG): ``u = tanh(output)`` in ``[-1, 1]^d`` is what is stored and what the
+    critic reads, the env receives ``low + (u + 1) (high - low) / 2``, and while training
+    Gaussian noise of ``action_noise`` (in ``u``'s units) is added to ``u`` and clipped to the box.
     """
 
     def __init__(self, spec: EnvSpec, model: ModelConfig, algo: MaddpgConfig) -> None:
-        super().__init__(spec, model, algo.name, algo.last_action)
+        super().__init__(spec, model, algo.name, algo.last_action, continuous=True)
+        for name, group in spec.groups.items():
+            action = group.action
+            if action.continuous and not all(map(math.isfinite, (*action.low, *action.high))):
+                raise ConfigError(
+                    f"algo.name=maddpg acts in a bounded box, but group '{name}' has unbounded "
+                    f"action components (low={action.low}, high={action.high}); give the env "
+                    "finite bounds, or train it with algo.name=mappo"
+                )
+            if action.continuous:
+                bounds = torch.tensor([action.low, action.high], dtype=torch.float32)
+                self.register_buffer(f"bounds_{name}", bounds, persistent=False)
         self.explore_epsilon = algo.epsilon_finish
+        self.action_noise = algo.action_noise
         self.critic = JointCritic(spec, model)
 
-    def joint(self, onehots: dict[str, Tensor]) -> Tensor:
-        """Every group's one-hot actions ``[..., n, A]`` -> the critic's ``[..., W]``."""
-        return torch.cat([onehots[name].flatten(-2) for name in self.agents], -1)
+    def continuous(self, name: str) -> bool:
+        return self.spec.groups[name].action.continuous
 
-    def onehots(self, actions: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Stored actions ``[..., n, 1]`` int64 -> one-hot ``[..., n, A]`` float32 per group."""
-        return {
-            name: F.one_hot(actions[name][..., 0], agent.num_actions).float()
-            for name, agent in self.agents.items()
-        }
+    def joint(self, features: dict[str, Tensor]) -> Tensor:
+        """Every group's action features ``[..., n, A]`` -> the critic's ``[..., W]``."""
+        return torch.cat([features[name].flatten(-2) for name in self.agents], -1)
+
+    def features(self, actions: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Stored actions per group -> the critic's features ``[..., n, A]`` (one-hot, or the
+        box's components in ``[-1, 1]``)."""
+        return {name: self.action_features(name, actions[name]) for name in self.agents}
+
+    def greedy_features(
+        self, outputs: dict[str, Tensor], masks: dict[str, Tensor]
+    ) -> dict[str, Tensor]:
+        """The actors' greedy actions as critic features: the allowed action of the largest
+        logit (one-hot), or ``tanh`` of a box's outputs."""
+        out = {}
+        for name, x in outputs.items():
+            if self.continuous(name):
+                out[name] = torch.tanh(x)
+            else:
+                best = masked_argmax(x, masks.get(name))
+                out[name] = F.one_hot(best, x.shape[-1]).to(x.dtype)
+        return out
+
+    def to_env(self, name: str, u: Tensor) -> Tensor:
+        """A box group's ``u`` in ``[-1, 1]^d`` -> the env's action in ``[low, high]``."""
+        low, high = getattr(self, f"bounds_{name}")
+        half = high / 2.0 - low / 2.0  # (no overflow for bounds near the float maximum)
+        return torch.minimum(torch.maximum(low + (u + 1.0) * half, low), high)
+
+    def act_group(
+        self,
+        name: str,
+        obs: Tensor,
+        state: Tensor,
+        starts: Tensor,
+        mask: Tensor | None,
+        greedy: bool,
+        generator: torch.Generator | None,
+        epsilon: float | None = None,
+    ) -> GroupAct:
+        if not self.continuous(name):
+            return super().act_group(name, obs, state, starts, mask, greedy, generator, epsilon)
+        out, hidden = self.step_agent(name, obs, state, starts)
+        u = torch.tanh(out)
+        if not greedy and self.action_noise > 0.0:
+            noise = torch.randn(u.shape, generator=generator, device=u.device, dtype=u.dtype)
+            u = (u + self.action_noise * noise).clamp(-1.0, 1.0)
+        return GroupAct(u, self.next_state(name, hidden, u), env_actions=self.to_env(name, u))

@@ -150,21 +150,28 @@ class QMixer(nn.Module):
 class AgentNetworks(nn.Module):
     """Every group's recurrent agent network (Q-values, or policy logits for COMA), unrolled over
     stored episodes or stepped while acting. The acting state of an agent is its recurrent state
-    followed by its previous action (one-hot), both zero when an episode starts."""
+    followed by its previous action (one-hot; a continuous group's action as stored), both zero
+    when an episode starts. ``continuous``: whether groups that act in a box are accepted (one
+    output per component; MADDPG's deterministic actors)."""
 
     def __init__(
-        self, spec: EnvSpec, model: ModelConfig, algo_name: str, last_action: bool
+        self,
+        spec: EnvSpec,
+        model: ModelConfig,
+        algo_name: str,
+        last_action: bool,
+        continuous: bool = False,
     ) -> None:
         super().__init__()
         self.spec = spec
         for name, group in spec.groups.items():
-            if group.action.continuous:
+            if group.action.continuous and not continuous:
                 raise ConfigError(
                     f"algo.name={algo_name} needs discrete actions, but group '{name}' acts in a "
                     f"continuous box of {group.action.num_heads} components; train this env with "
                     "algo.name=mappo (or use the env's discrete actions, if it has them)"
                 )
-            if group.action.num_heads != 1:
+            if not group.action.continuous and group.action.num_heads != 1:
                 raise ConfigError(
                     f"algo.name={algo_name} needs one discrete action per agent, but group "
                     f"'{name}' has {group.action.num_heads} action heads {group.action.nvec}; "
@@ -187,7 +194,7 @@ class AgentNetworks(nn.Module):
             L, B = obs[name].shape[:2]
             last = None
             if agent.last_action:
-                taken = F.one_hot(actions[name][..., 0], agent.num_actions).to(obs[name].dtype)
+                taken = self.action_features(name, actions[name])
                 last = torch.cat([torch.zeros_like(taken[:1]), taken[:-1]])
             starts = torch.zeros(L, B, dtype=torch.bool, device=obs[name].device)
             starts[0] = True
@@ -214,12 +221,20 @@ class AgentNetworks(nn.Module):
         out, hidden = agent(obs.unsqueeze(0), last.unsqueeze(0), hidden, starts.unsqueeze(0))
         return out[0], hidden
 
+    def action_features(self, name: str, actions: Tensor) -> Tensor:
+        """Group ``name``'s stored actions ``[..., n, 1]`` int64 (or ``[..., n, d]`` float32 in a
+        box) as network inputs ``[..., n, A]``: one-hot, or the components as they are."""
+        if self.spec.groups[name].action.continuous:
+            return actions.float()
+        return F.one_hot(actions[..., 0], self.agents[name].num_actions).float()
+
     def next_state(self, name: str, hidden: Tensor, action: Tensor) -> Tensor:
-        """The acting state after ``action [E, n]``."""
+        """The acting state after ``action [E, n]`` (``[E, n, d]`` in a box)."""
         agent = self.agents[name]
         if not agent.last_action:
             return hidden
-        return torch.cat([hidden, F.one_hot(action, agent.num_actions).to(hidden.dtype)], -1)
+        stored = action if self.spec.groups[name].action.continuous else action.unsqueeze(-1)
+        return torch.cat([hidden, self.action_features(name, stored).to(hidden.dtype)], -1)
 
 
 class QNetworks(AgentNetworks):
