@@ -210,6 +210,25 @@ def test_maddpg_config_keys_and_refusals():
         Trainer(C.load("mpe/simple_reference", ["algo.name=maddpg"]))  # move + say heads
 
 
+def test_maddpg_reads_the_policy_gain_but_not_the_gaussian_policys_keys():
+    cfg = C.load("mpe/simple_spread_maddpg", ["model.policy_gain=0.5"])
+    nets = MaddpgNetworks(_spread_networks()[0].spec, cfg.model, cfg.algo)
+    head = nets.agents["agents"].head.weight[0]  # [in, A], orthogonal columns of norm 0.5
+    torch.testing.assert_close(head.T @ head, 0.25 * torch.eye(5), atol=1e-5, rtol=0)
+    with pytest.raises(C.ConfigError, match="maddpg acts deterministically in a box"):
+        C.load("mpe/simple_spread_continuous_maddpg", ["model.log_std_init=-1"])
+    with pytest.raises(C.ConfigError, match="'rollout_length' is read by algo.name=mappo"):
+        C.load("mpe/simple_spread_maddpg", ["rollout_length=50"])
+
+
+def test_untrained_actors_start_near_uniform():
+    """The actors' output layers start at the policy gain (0.01), as the off-policy code's:
+    the first episodes explore every action."""
+    nets, _ = _spread_networks()
+    logits = nets.unroll(_batch().obs, _batch().actions)["agents"]
+    assert float(torch.softmax(logits, -1).max()) < 0.3  # 5 actions: uniform is 0.2
+
+
 def test_cli_refuses_a_bad_maddpg_key_with_one_line(capsys, tmp_path):
     argv = ["train", "mpe/simple_spread_maddpg", "algo.target_tau=2", f"run_dir={tmp_path}"]
     assert main(argv) == 2

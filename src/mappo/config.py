@@ -1233,6 +1233,11 @@ def unread(cfg: TrainConfig, given: set[str]) -> list[tuple[str, str]]:
                 )  # fmt: skip
     if cfg.family != "ppo":
         for key, why in _MAPPO_ONLY.items():
+            if cfg.family == "maddpg" and key != "rollout_length":
+                # MADDPG's actor heads take the policy gain; its box actions are deterministic
+                if key == "model.policy_gain":
+                    continue
+                why = "acts deterministically in a box (algo.action_noise sets its exploration)"
             if key in given:
                 out.append((key, f"is read by algo.name=mappo only: {algo.name} {why}; drop it"))
     if isinstance(algo, ValueConfig):

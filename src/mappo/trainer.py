@@ -641,6 +641,9 @@ def _network_memory_problem(
                 "local": group.obs_shape,
             }[source]
             weights += reads(tuple(shape)) * width * copies
+    if cfg.family == "maddpg":  # its critic reads the state flat beside every agent's action
+        joint = sum(g.num_agents * g.action.total for g in spec.groups.values())
+        weights += (math.prod(spec.state_shape) + joint) * width
     weights *= seeds
     need = 16 * weights
     if need <= _NETWORK_SHARE * free:

@@ -47,6 +47,9 @@ class JointCritic(nn.Module):
             model.layer_norm,
         )
         self.head = nn.Linear(self.mlp.out_features, 1)
+        # orthogonal with gain 1 and a zero bias, as the off-policy code's critic output
+        nn.init.orthogonal_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
 
     def forward(self, state: Tensor, joint: Tensor) -> Tensor:
         x = state.flatten(-self.state_axes) if self.state_axes > 1 else state
@@ -81,6 +84,10 @@ class MaddpgNetworks(SampledActors):
             if action.continuous:
                 bounds = torch.tensor([action.low, action.high], dtype=torch.float32)
                 self.register_buffer(f"bounds_{name}", bounds, persistent=False)
+        # the actors' output layers start near zero (orthogonal, model.policy_gain: 0.01), as the
+        # off-policy code's: near-uniform softmaxes, and a box's actions near its middle
+        for agent in self.agents.values():
+            agent.head.reset_parameters(gain=model.policy_gain)
         self.explore_epsilon = algo.epsilon_finish
         self.action_noise = algo.action_noise
         self.critic = JointCritic(spec, model)
