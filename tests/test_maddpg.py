@@ -325,8 +325,17 @@ def test_box_actions_are_deterministic_in_minus_one_to_one_and_reach_the_env_sca
 
 
 def test_an_unbounded_box_is_refused_with_the_fix():
-    with pytest.raises(C.ConfigError, match="unbounded action components.*finite bounds"):
-        _box_networks(-math.inf, math.inf)
+    for low, high in ((-math.inf, math.inf), (-1e39, 1e39)):  # (1e39 is inf in float32)
+        with pytest.raises(C.ConfigError, match="unbounded action components.*finite bounds"):
+            _box_networks(low, high)
+
+
+def test_bounds_near_the_float32_maximum_scale_without_overflow():
+    nets = _box_networks(-3e38, 3e38)
+    u = torch.tensor([-1.0, -0.5, 0.0, 0.5, 1.0]).reshape(5, 1, 1).expand(5, 2, 2)
+    env = nets.to_env("movers", u)
+    want = torch.tensor([-3e38, -1.5e38, 0.0, 1.5e38, 3e38]).reshape(5, 1, 1).expand(5, 2, 2)
+    torch.testing.assert_close(env, want)
 
 
 def test_maddpg_learns_to_reach_in_a_box_beside_a_discrete_group(tmp_path):

@@ -845,3 +845,19 @@ def test_the_group_reward_gap_counts_only_agents_alive_when_they_acted():
     assert float(_group_reward_gap(reward, alive, active)) == 2.0  # env 3 only
     active[3] = False
     assert float(_group_reward_gap(reward, alive, active)) == 0.0
+
+
+def test_runs_of_different_seeds_collect_different_episodes():
+    """torch's CPU generator keeps only a seed's low 32 bits: the run seed must reach them, or
+    every run plays the same episodes at the same iteration (it did, with the run seed in the
+    high bits alone)."""
+    from mappo.episodes import collection_seed
+
+    seeds = {collection_seed(s, i) % 2**32 for s in range(200) for i in range(500)}
+    assert len(seeds) == 200 * 500 and min(seeds) >= 2**31
+    with make("mpe/simple_spread", num_envs=4) as env:
+        first = env.reset(seed=collection_seed(1, 0)).obs["agents"]
+        other = env.reset(seed=collection_seed(2, 0)).obs["agents"]
+        again = env.reset(seed=collection_seed(1, 0)).obs["agents"]
+    assert not torch.equal(first, other)
+    torch.testing.assert_close(first, again, rtol=0, atol=0)

@@ -61,10 +61,22 @@ def allocate_episodes(env: BatchedEnv, batch: int) -> EpisodeBatch:
     )
 
 
+# An odd multiplier: run_seed * _SPREAD is a bijection modulo 2**31, and spreads neighbouring run
+# seeds about 2**29 apart, far beyond any run's number of iterations.
+_SPREAD = 0x9E3779B1
+
+
 def collection_seed(run_seed: int, iteration: int) -> int:
-    """The env seed of a run's ``iteration``-th collection: distinct across runs and iterations
-    (the run seed in the high bits), and never one of the evaluation seeds of small run seeds."""
-    return (run_seed * 2**32 + 2**31 + iteration) % 2**63
+    """The env seed of a run's ``iteration``-th collection: distinct across runs and iterations,
+    and never one of the evaluation seeds of small run seeds (its low 32 bits are 2**31 or more).
+
+    The run seed enters the low 32 bits as well as the high ones: torch's CPU generator keeps
+    only the low 32 bits of a seed (``manual_seed(2**32 + 5)`` draws what ``manual_seed(5)``
+    draws), so with the run seed in the high bits alone every run played the same episodes at
+    the same iteration on the batched envs seeded through torch. Generators that read all 64
+    bits (CUDA's, numpy's ``SeedSequence``) still see the run seed in the high ones."""
+    low = 2**31 + (run_seed * _SPREAD + iteration) % 2**31
+    return (run_seed * 2**32 + low) % 2**63
 
 
 def _put(target: Tensor, t: int, value: Tensor, where: Tensor) -> None:

@@ -94,8 +94,9 @@ def actor_loss(
     cfg: MaddpgConfig,
     generator: torch.Generator | None,
 ) -> Tensor:
-    """``-Q`` of every agent's Gumbel-softmax action among the others' stored ones, averaged over
-    the filled steps where the agent was alive."""
+    """``-Q`` of every agent's own action (a Gumbel-softmax sample; in a box its deterministic
+    action) among the others' stored ones, averaged over the filled steps where the agent was
+    alive."""
     outputs = online.unroll(batch.obs, batch.actions)  # [T + 1, B, n, A] per group
     stored = {name: x[:-1] for name, x in online.features(batch.actions).items()}
     state = batch.state[:-1]

@@ -1,8 +1,9 @@
 """MADDPG's half of a run: actors, the joint critic, their targets, two optimisers, episode
 collection and the replay buffer.
 
-One iteration plays one episode in each of ``env.num_envs`` envs (sampled actions, mixed with
-epsilon-uniform exploration), stores them, and once the buffer holds ``batch_size`` episodes
+One iteration plays one episode in each of ``env.num_envs`` envs (discrete actions sampled and
+mixed with epsilon-uniform exploration; in a box the deterministic action plus Gaussian noise),
+stores them, and once the buffer holds ``batch_size`` episodes
 takes ``updates_per_iteration`` update steps on batches sampled from it
 (:mod:`mappo.algos.maddpg`), each followed by the targets' Polyak step.
 """

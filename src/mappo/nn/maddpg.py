@@ -75,11 +75,12 @@ class MaddpgNetworks(SampledActors):
         super().__init__(spec, model, algo.name, algo.last_action, continuous=True)
         for name, group in spec.groups.items():
             action = group.action
-            if action.continuous and not all(map(math.isfinite, (*action.low, *action.high))):
+            if action.continuous and not action.bounded:  # (float32 bounds, low < high)
                 raise ConfigError(
                     f"algo.name=maddpg acts in a bounded box, but group '{name}' has unbounded "
-                    f"action components (low={action.low}, high={action.high}); give the env "
-                    "finite bounds, or train it with algo.name=mappo"
+                    f"action components (low={action.low}, high={action.high}; float32 bounds "
+                    "with low < high are needed); give the env finite bounds, or train it with "
+                    "algo.name=mappo"
                 )
             if action.continuous:
                 bounds = torch.tensor([action.low, action.high], dtype=torch.float32)
@@ -121,8 +122,9 @@ class MaddpgNetworks(SampledActors):
     def to_env(self, name: str, u: Tensor) -> Tensor:
         """A box group's ``u`` in ``[-1, 1]^d`` -> the env's action in ``[low, high]``."""
         low, high = getattr(self, f"bounds_{name}")
-        half = high / 2.0 - low / 2.0  # (no overflow for bounds near the float maximum)
-        return torch.minimum(torch.maximum(low + (u + 1.0) * half, low), high)
+        # from the middle, halves first: no overflow for bounds near the float32 maximum
+        middle, half = low / 2.0 + high / 2.0, high / 2.0 - low / 2.0
+        return torch.minimum(torch.maximum(middle + u * half, low), high)
 
     def act_group(
         self,

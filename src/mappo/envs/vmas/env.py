@@ -482,6 +482,16 @@ class VmasEnv(BatchedEnv):
 
 
 # -- random numbers ---------------------------------------------------------------------------
+def _numpy_seed(seed: int) -> int:
+    """``seed`` where numpy's legacy ``RandomState`` takes it (below 2**32), else a 32-bit seed
+    derived from all of its bits: the episode collections of the value family, COMA and MADDPG
+    reset with seeds of 64 bits (the run seed in the high ones), which ``seed % 2**32`` would
+    make the same for every run."""
+    if 0 <= seed < 2**32:
+        return seed
+    return int(np.random.SeedSequence(seed).generate_state(1)[0])
+
+
 class _VmasRandomState:
     """One env's own copy of the RNG states VMAS draws from: torch's CPU generator, numpy's
     legacy global ``RandomState`` and Python's ``random`` (the three that VMAS's ``local_seed``
@@ -499,7 +509,7 @@ class _VmasRandomState:
         made without touching the global generators."""
         self.states: list[Any] = [
             torch.Generator().manual_seed(seed).get_state(),
-            np.random.RandomState(seed).get_state(),
+            np.random.RandomState(_numpy_seed(seed)).get_state(),
             random.Random(seed).getstate(),
         ]
         self.cuda_state: Tensor | None = None
