@@ -140,10 +140,10 @@ _NAME_DOC = (
     "Algorithm family: 'mappo' (MAPPO/IPPO and their recurrent forms, on-policy) or a value "
     "decomposition method on an episode replay buffer: 'iql' (independent Q-learning), 'vdn' "
     "(sum of agent Qs), 'qmix' (monotonic mixing network); 'coma' (counterfactual "
-    "multi-agent policy gradients on whole episodes); or 'maddpg' (deterministic actors "
-    "through Gumbel-softmax and a centralised Q critic of the joint action, on an episode "
-    "replay buffer). Setting it first resets the other "
-    "algo.* fields to that family's defaults."
+    "multi-agent policy gradients on whole episodes); or 'maddpg' (actors trained through a "
+    "centralised Q critic of the joint action, by Gumbel-softmax samples of discrete actions "
+    "or deterministically in a box, on an episode replay buffer). Setting it first resets "
+    "the other algo.* fields to that family's defaults."
 )
 
 

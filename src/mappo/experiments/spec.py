@@ -51,7 +51,8 @@ class Trial:
     """Absolute path of the trial's run directory."""
     total_env_steps: int
     family: str = "ppo"
-    """The algorithm family (``ppo``, ``value`` or ``coma``): only ``ppo`` trials stack."""
+    """The algorithm family (``ppo``, ``value``, ``coma`` or ``maddpg``): only ``ppo`` trials
+    stack."""
 
     @property
     def root(self) -> Path:
