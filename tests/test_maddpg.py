@@ -19,7 +19,7 @@ from mappo.cli import main
 from mappo.data import ActionSpec, EnvSpec, EpisodeBatch, GroupSpec
 from mappo.envs import make
 from mappo.nn.maddpg import MaddpgNetworks
-from mappo.trainer import Trainer, load_checkpoint, resume, train
+from mappo.trainer import load_checkpoint, resume, train
 
 sys.path.insert(0, str(Path(__file__).parent))
 from toy_env import register_toy  # noqa: E402
@@ -206,8 +206,6 @@ def test_maddpg_config_keys_and_refusals():
         C.load("mpe/simple_spread_maddpg", ["num_seeds=2"])
     with pytest.raises(C.ConfigError, match="compile"):
         C.load("mpe/simple_spread_maddpg", ["compile=on"])
-    with pytest.raises(C.ConfigError, match="one discrete action per agent"):
-        Trainer(C.load("mpe/simple_reference", ["algo.name=maddpg"]))  # move + say heads
 
 
 def test_maddpg_reads_the_policy_gain_but_not_the_gaussian_policys_keys():
@@ -262,6 +260,31 @@ def test_maddpg_with_two_groups_and_a_recurrent_actor(tmp_path):
     run = train("mpe/simple_spread_maddpg", over)
     assert math.isfinite(run.summary["eval_return_mean"])
     assert run.policy.critic.width == 3 + 5  # the speaker's 3 words, the listener's 5 moves
+
+
+def test_maddpg_with_two_action_heads(tmp_path):
+    """Reference: each agent moves (5) and says a word (10) at once; the critic reads both heads'
+    one-hots, each head is sampled and relaxed on its own."""
+    over = {**TINY, "env.name": "mpe/simple_reference", "algo.last_action": True}
+    run = train("mpe/simple_spread_maddpg", {**over, "run_dir": str(tmp_path)})
+    assert run.policy.critic.width == 2 * (5 + 10)
+    stored = torch.tensor([[[3, 7], [0, 9]]])  # [1, n, k]
+    features = run.policy.action_features("agents", stored)
+    assert features.shape == (1, 2, 15)
+    assert features[0, 0].nonzero().flatten().tolist() == [3, 5 + 7]
+    policy = mappo.load_policy(run.dir)
+    with make("mpe/simple_reference", num_envs=3) as env:
+        actions = policy.act(env.reset())
+        assert actions["agents"].shape == (3, 2, 2)
+        env.step(actions)
+    nets = run.policy
+    logits = torch.randn(4000, 2, 15, requires_grad=True)
+    parts = nets.heads("agents", logits, None)
+    assert [p[0].shape[-1] for p in parts] == [5, 10]
+    from mappo.algos.maddpg import gumbel_softmax_sample
+
+    sample = torch.cat([gumbel_softmax_sample(h, m, 1.0, None) for h, m in parts], -1)
+    torch.testing.assert_close(sample.detach().sum(-1), torch.full((4000, 2), 2.0))
 
 
 def test_maddpg_resume_equals_uninterrupted(tmp_path):

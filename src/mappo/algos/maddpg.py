@@ -107,10 +107,11 @@ def actor_loss(
         mask = batch.action_mask.get(name)
         if online.continuous(name):  # the deterministic policy gradient
             sample = torch.tanh(out[:-1])  # [T, B, n, d]
-        else:
-            sample = gumbel_softmax_sample(
-                out[:-1], None if mask is None else mask[:-1], cfg.gumbel_temperature, generator
-            )  # [T, B, n, A]
+        else:  # one Gumbel-softmax sample per head, joined: [T, B, n, A]
+            heads = online.heads(name, out[:-1], None if mask is None else mask[:-1])
+            temperature = cfg.gumbel_temperature
+            parts = [gumbel_softmax_sample(h, m, temperature, generator) for h, m in heads]
+            sample = torch.cat(parts, -1) if len(parts) > 1 else parts[0]
         n = sample.shape[-2]
         own = torch.eye(n, dtype=torch.bool, device=sample.device).unsqueeze(-1)  # [n, n, 1]
         # row i: agent i's block from its sample, every other agent's as stored: [T, B, n, n, A]

@@ -119,7 +119,8 @@ class SampledActors(AgentNetworks):
         else:
             eps = self.explore_epsilon if epsilon is None else epsilon
             action = sample_allowed(coma_policy(logits, mask, eps), mask, generator)
-        return GroupAct(action.unsqueeze(-1), self.next_state(name, hidden, action))
+        action = action.unsqueeze(-1)
+        return GroupAct(action, self.next_state(name, hidden, action))
 
 
 class ComaNetworks(SampledActors):

@@ -23,9 +23,9 @@ from mappo.acting import GroupAct
 from mappo.config import ConfigError, MaddpgConfig, ModelConfig
 from mappo.data import EnvSpec
 from mappo.nn.actor_critic import picture_scale
-from mappo.nn.coma import SampledActors
+from mappo.nn.coma import coma_policy, sample_allowed
 from mappo.nn.layers import MLP
-from mappo.nn.q_agents import masked_argmax
+from mappo.nn.q_agents import AgentNetworks, masked_argmax
 
 
 class JointCritic(nn.Module):
@@ -59,20 +59,21 @@ class JointCritic(nn.Module):
         return self.head(self.mlp(x)).squeeze(-1)
 
 
-class MaddpgNetworks(SampledActors):
+class MaddpgNetworks(AgentNetworks):
     """Every group's actors and the joint critic: what a MADDPG checkpoint's ``policy`` holds.
 
-    A discrete group samples from the softmax of its actor's logits mixed with ``epsilon`` of
-    the uniform distribution over the allowed actions, as COMA's actors do: the off-policy
-    code's Gumbel sample followed by an epsilon-greedy choice has this distribution; greedy
-    acting takes the largest logit. A group that acts in a box is deterministic (Lowe et al.'s
-    continuous MADDPG): ``u = tanh(output)`` in ``[-1, 1]^d`` is what is stored and what the
-    critic reads, the env receives ``low + (u + 1) (high - low) / 2``, and while training
-    Gaussian noise of ``action_noise`` (in ``u``'s units) is added to ``u`` and clipped to the box.
+    A discrete group samples each head from the softmax of its actor's logits mixed with
+    ``epsilon`` of the uniform distribution over the allowed actions, as COMA's actors do: the
+    off-policy code's Gumbel sample followed by an epsilon-greedy choice has this distribution;
+    greedy acting takes the largest logit. A group that acts in a box is deterministic (Lowe et
+    al.'s continuous MADDPG): ``u = tanh(output)`` in ``[-1, 1]^d`` is what is stored and what
+    the critic reads, the env receives ``low + (u + 1) (high - low) / 2``, and while training
+    Gaussian noise of ``action_noise`` (in ``u``'s units) is added to ``u`` and clipped to the
+    box.
     """
 
     def __init__(self, spec: EnvSpec, model: ModelConfig, algo: MaddpgConfig) -> None:
-        super().__init__(spec, model, algo.name, algo.last_action, continuous=True)
+        super().__init__(spec, model, algo.name, algo.last_action, continuous=True, heads=True)
         for name, group in spec.groups.items():
             action = group.action
             if action.continuous and not action.bounded:  # (float32 bounds, low < high)
@@ -105,18 +106,29 @@ class MaddpgNetworks(SampledActors):
         box's components in ``[-1, 1]``)."""
         return {name: self.action_features(name, actions[name]) for name in self.agents}
 
+    def heads(
+        self, name: str, logits: Tensor, mask: Tensor | None
+    ) -> list[tuple[Tensor, Tensor | None]]:
+        """A discrete group's logits ``[..., A]`` and mask, cut into its heads' (one for most)."""
+        nvec = list(self.spec.groups[name].action.nvec)
+        masks = [None] * len(nvec) if mask is None else list(mask.split(nvec, -1))
+        return list(zip(logits.split(nvec, -1), masks, strict=True))
+
     def greedy_features(
         self, outputs: dict[str, Tensor], masks: dict[str, Tensor]
     ) -> dict[str, Tensor]:
-        """The actors' greedy actions as critic features: the allowed action of the largest
-        logit (one-hot), or ``tanh`` of a box's outputs."""
+        """The actors' greedy actions as critic features: each head's allowed action of the
+        largest logit (one-hot), or ``tanh`` of a box's outputs."""
         out = {}
         for name, x in outputs.items():
             if self.continuous(name):
                 out[name] = torch.tanh(x)
-            else:
-                best = masked_argmax(x, masks.get(name))
-                out[name] = F.one_hot(best, x.shape[-1]).to(x.dtype)
+                continue
+            parts = [
+                F.one_hot(masked_argmax(h, m), h.shape[-1]).to(x.dtype)
+                for h, m in self.heads(name, x, masks.get(name))
+            ]
+            out[name] = torch.cat(parts, -1) if len(parts) > 1 else parts[0]
         return out
 
     def to_env(self, name: str, u: Tensor) -> Tensor:
@@ -137,9 +149,16 @@ class MaddpgNetworks(SampledActors):
         generator: torch.Generator | None,
         epsilon: float | None = None,
     ) -> GroupAct:
-        if not self.continuous(name):
-            return super().act_group(name, obs, state, starts, mask, greedy, generator, epsilon)
         out, hidden = self.step_agent(name, obs, state, starts)
+        if not self.continuous(name):  # each head as COMA's actors act
+            eps = 0.0 if greedy else (self.explore_epsilon if epsilon is None else epsilon)
+            picks = []
+            for logits, allowed in self.heads(name, out, mask):
+                probs = coma_policy(logits, allowed, eps)
+                pick = probs.argmax(-1) if greedy else sample_allowed(probs, allowed, generator)
+                picks.append(pick)
+            action = torch.stack(picks, -1)  # [E, n, k]
+            return GroupAct(action, self.next_state(name, hidden, action))
         u = torch.tanh(out)
         if not greedy and self.action_noise > 0.0:
             noise = torch.randn(u.shape, generator=generator, device=u.device, dtype=u.dtype)

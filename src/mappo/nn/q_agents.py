@@ -150,9 +150,10 @@ class QMixer(nn.Module):
 class AgentNetworks(nn.Module):
     """Every group's recurrent agent network (Q-values, or policy logits for COMA), unrolled over
     stored episodes or stepped while acting. The acting state of an agent is its recurrent state
-    followed by its previous action (one-hot; a continuous group's action as stored), both zero
-    when an episode starts. ``continuous``: whether groups that act in a box are accepted (one
-    output per component; MADDPG's deterministic actors)."""
+    followed by its previous action (one-hot per head; a continuous group's action as stored),
+    both zero when an episode starts. ``continuous``: whether groups that act in a box are
+    accepted (one output per component); ``heads``: whether groups of several discrete heads are
+    (one output per action of every head): MADDPG's actors take both."""
 
     def __init__(
         self,
@@ -161,6 +162,7 @@ class AgentNetworks(nn.Module):
         algo_name: str,
         last_action: bool,
         continuous: bool = False,
+        heads: bool = False,
     ) -> None:
         super().__init__()
         self.spec = spec
@@ -171,7 +173,7 @@ class AgentNetworks(nn.Module):
                     f"continuous box of {group.action.num_heads} components; train this env with "
                     "algo.name=mappo (or use the env's discrete actions, if it has them)"
                 )
-            if not group.action.continuous and group.action.num_heads != 1:
+            if not group.action.continuous and group.action.num_heads != 1 and not heads:
                 raise ConfigError(
                     f"algo.name={algo_name} needs one discrete action per agent, but group "
                     f"'{name}' has {group.action.num_heads} action heads {group.action.nvec}; "
@@ -222,18 +224,24 @@ class AgentNetworks(nn.Module):
         return out[0], hidden
 
     def action_features(self, name: str, actions: Tensor) -> Tensor:
-        """Group ``name``'s stored actions ``[..., n, 1]`` int64 (or ``[..., n, d]`` float32 in a
-        box) as network inputs ``[..., n, A]``: one-hot, or the components as they are."""
-        if self.spec.groups[name].action.continuous:
+        """Group ``name``'s stored actions ``[..., n, k]`` int64 (or ``[..., n, d]`` float32 in a
+        box) as network inputs ``[..., n, A]``: one-hot per head, joined, or the components as
+        they are."""
+        action = self.spec.groups[name].action
+        if action.continuous:
             return actions.float()
-        return F.one_hot(actions[..., 0], self.agents[name].num_actions).float()
+        if len(action.nvec) == 1:
+            return F.one_hot(actions[..., 0], action.nvec[0]).float()
+        return torch.cat(
+            [F.one_hot(actions[..., h], size).float() for h, size in enumerate(action.nvec)], -1
+        )
 
-    def next_state(self, name: str, hidden: Tensor, action: Tensor) -> Tensor:
-        """The acting state after ``action [E, n]`` (``[E, n, d]`` in a box)."""
+    def next_state(self, name: str, hidden: Tensor, stored: Tensor) -> Tensor:
+        """The acting state after the actions ``stored`` ``[E, n, k]`` (``[E, n, d]`` in a
+        box)."""
         agent = self.agents[name]
         if not agent.last_action:
             return hidden
-        stored = action if self.spec.groups[name].action.continuous else action.unsqueeze(-1)
         return torch.cat([hidden, self.action_features(name, stored).to(hidden.dtype)], -1)
 
 
@@ -285,4 +293,5 @@ class QNetworks(AgentNetworks):
         q, hidden = self.step_agent(name, obs, state, starts)
         eps = 0.0 if greedy else (self.explore_epsilon if epsilon is None else epsilon)
         action = epsilon_greedy(q, mask, eps, generator)
-        return GroupAct(action.unsqueeze(-1), self.next_state(name, hidden, action))
+        action = action.unsqueeze(-1)
+        return GroupAct(action, self.next_state(name, hidden, action))
