@@ -95,12 +95,25 @@ class ComaCritic(nn.Module):
         return self.net(x)
 
 
-class SampledActors(AgentNetworks):
-    """Agent networks read as policy logits (COMA's and MADDPG's actors): acting samples from
-    :func:`coma_policy` with ``epsilon`` (the configured final one when None); greedy acting
-    takes the most likely action."""
+class ComaNetworks(AgentNetworks):
+    """The actors of the (single) group and the critic: what a COMA checkpoint's ``policy``
+    holds. Acting samples from :func:`coma_policy` (greedy: its most likely action)."""
 
-    explore_epsilon: float
+    def __init__(self, spec: EnvSpec, model: ModelConfig, algo: ComaConfig) -> None:
+        if len(spec.groups) != 1:
+            raise ConfigError(
+                f"algo.name=coma needs the agents in one group (its critic conditions on the "
+                f"joint action); this env has groups {list(spec.groups)}; use algo.name=mappo"
+            )
+        super().__init__(spec, model, algo.name, algo.last_action)
+        self.explore_epsilon = algo.epsilon_finish
+        (group,) = spec.groups.values()
+        self.critic = ComaCritic(
+            spec,
+            algo.critic_hidden,
+            picture_scale(spec.state_shape, model),
+            picture_scale(group.obs_shape, model),
+        )
 
     def act_group(
         self,
@@ -121,24 +134,3 @@ class SampledActors(AgentNetworks):
             action = sample_allowed(coma_policy(logits, mask, eps), mask, generator)
         action = action.unsqueeze(-1)
         return GroupAct(action, self.next_state(name, hidden, action))
-
-
-class ComaNetworks(SampledActors):
-    """The actors of the (single) group and the critic: what a COMA checkpoint's ``policy``
-    holds. Acting samples from :func:`coma_policy` (greedy: its most likely action)."""
-
-    def __init__(self, spec: EnvSpec, model: ModelConfig, algo: ComaConfig) -> None:
-        if len(spec.groups) != 1:
-            raise ConfigError(
-                f"algo.name=coma needs the agents in one group (its critic conditions on the "
-                f"joint action); this env has groups {list(spec.groups)}; use algo.name=mappo"
-            )
-        super().__init__(spec, model, algo.name, algo.last_action)
-        self.explore_epsilon = algo.epsilon_finish
-        (group,) = spec.groups.values()
-        self.critic = ComaCritic(
-            spec,
-            algo.critic_hidden,
-            picture_scale(spec.state_shape, model),
-            picture_scale(group.obs_shape, model),
-        )
