@@ -219,7 +219,12 @@ CASES = [
     Case(
         "eval-seed-huge",
         _eval("--seed", "99999999999999999999999"),
-        "argument --seed: must be a whole number from 0 to 2**63 - 1",
+        "argument --seed: must be a whole number from 0 to 2**32 - 1",
+    ),
+    Case(
+        "eval-seed-past-32-bits",
+        _eval("--seed", str(2**32 + 5)),
+        "argument --seed: must be a whole number from 0 to 2**32 - 1",
     ),
     Case(
         "bench-env-late-typo",

@@ -371,6 +371,8 @@ def test_box_bounds_from_arrays_and_the_edges_of_tanh() -> None:
     )
     u = torch.tensor([[-3.0], [0.0], [3.0]])
     assert torch.isfinite(huge.to_env(u)).all() and torch.isfinite(huge.log_prob(u)).all()
+    # Not only finite but where the squash puts them: -big tanh(3), 0 and big tanh(3).
+    torch.testing.assert_close(huge.to_env(u), torch.tanh(u) * big)
     cfg = C.load(None, {**REACH, "model.action_bounds": "tanh"})
     with pytest.raises(ConfigError, match="high > low"):
         ActorCritic(ReachEnv(2, low=0.0, high=0.0).spec, cfg.model, cfg.algo)

@@ -57,9 +57,9 @@ def _int_at_least(low: int, what: str, high: int | None = None) -> Callable[[str
     return parse
 
 
-_SEED = _int_at_least(0, "a whole number from 0 to 2**63 - 1", 2**63 - 1)
-"""``--seed`` of eval and render: what torch's generators take (a training run's evaluations
-are seeded above its own seed, which is at most 2**32 - 1)."""
+_SEED = _int_at_least(0, "a whole number from 0 to 2**32 - 1", 2**32 - 1)
+"""``--seed`` of eval and render: the range of a run's ``seed``. torch's CPU generator keeps only
+a seed's low 32 bits, so a larger one would play the episodes of a smaller one."""
 
 
 _positive_int = _int_at_least(1, "a positive integer")  # a count of episodes or steps

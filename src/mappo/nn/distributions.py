@@ -275,6 +275,8 @@ class DiagGaussian:
     def to_env(self, actions: Tensor) -> Tensor:
         """``[..., d]`` the actions the env receives: ``u`` clipped to the box, or squashed."""
         if self.bounds == "tanh":
-            # The clip after squashing only catches rounding one ulp past a bound.
-            actions = self.low + (torch.tanh(actions) + 1.0) * self._half_span
+            # From the middle, so that bounds near the float maximum do not overflow (low +
+            # (tanh + 1) * half does); the clip only catches rounding one ulp past a bound.
+            middle = self.high / 2.0 + self.low / 2.0
+            actions = middle + torch.tanh(actions) * self._half_span
         return torch.maximum(torch.minimum(actions, self.high), self.low)
