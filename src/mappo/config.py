@@ -135,14 +135,16 @@ class ModelConfig:
     )
 
 
-ALGO_NAMES = ("mappo", "iql", "vdn", "qmix", "coma", "maddpg")
+ALGO_NAMES = ("mappo", "iql", "vdn", "qmix", "coma", "maddpg", "facmac")
 _NAME_DOC = (
     "Algorithm family: 'mappo' (MAPPO/IPPO and their recurrent forms, on-policy) or a value "
     "decomposition method on an episode replay buffer: 'iql' (independent Q-learning), 'vdn' "
     "(sum of agent Qs), 'qmix' (monotonic mixing network); 'coma' (counterfactual "
     "multi-agent policy gradients on whole episodes); or 'maddpg' (actors trained through a "
     "centralised Q critic of the joint action, by Gumbel-softmax samples of discrete actions "
-    "or deterministically in a box, on an episode replay buffer). Setting it first resets "
+    "or deterministically in a box, on an episode replay buffer); or 'facmac' (the same "
+    "actors, trained together through a critic factored into per-agent utilities mixed by "
+    "QMIX's network). Setting it first resets "
     "the other algo.* fields to that family's defaults."
 )
 
@@ -336,6 +338,12 @@ class MaddpgConfig:
     agent's actor climbs the critic through its own action (a straight-through Gumbel-softmax
     sample, or the deterministic action in a box), the others' actions as stored; the targets
     follow by Polyak averaging after every step.
+
+    ``name: facmac`` (Peng et al. 2021, "FACMAC: Factored Multi-Agent Centralised Policy
+    Gradients"; github.com/oxwhirl/facmac) keeps the actors, the exploration and the buffer and
+    factors the critic: each agent's utility ``Q_a(o_a, u_a)`` (one network per group, shared
+    by its agents) mixed with the state by QMIX's network (``mixer``), and every agent's actor
+    climbs the mixed value with all agents' actions taken from the current actors at once.
     """
 
     name: str = _field("maddpg", _NAME_DOC, choices=ALGO_NAMES)
@@ -405,6 +413,31 @@ class MaddpgConfig:
         "false treats the time limit as terminal, as the MAPPO paper's off-policy code does "
         "on the particle world.",
     )
+    td_lambda: float = _field(
+        0.0,
+        "Lambda of the critic's TD(lambda) targets over the stored episodes; 0 = one-step "
+        "targets (MADDPG's; FACMAC's code uses 0.8 with discrete actions).",
+        low=0.0,
+        high=1.0,
+    )
+    actor_reg: float = _field(
+        0.0,
+        "Weight of the mean squared box action (u in [-1, 1]) added to the actor loss, which "
+        "keeps the actors' tanh off its flat ends (FACMAC's continuous code: 1e-3).",
+        low=0.0,
+    )
+    mixer: str = _field(
+        "qmix",
+        "FACMAC: how the agents' utilities are mixed: qmix (monotonic, as QMIX), "
+        "qmix_nonmonotonic (the same network without the weights' absolute values) or vdn "
+        "(their sum).",
+        choices=("qmix", "qmix_nonmonotonic", "vdn"),
+    )
+    mixing_embed_dim: int = _field(32, "FACMAC: the mixing network's width.", low=1)
+    hypernet_layers: int = _field(
+        2, "FACMAC: the mixer's hypernetwork depth (1 or 2 layers).", low=1, high=2
+    )
+    hypernet_embed: int = _field(64, "FACMAC: the hidden width of two-layer hypernetworks.", low=1)
 
 
 # Which dataclass holds the algo.* fields of each algorithm name.
@@ -415,6 +448,7 @@ ALGO_CLASSES: dict[str, type] = {
     "qmix": ValueConfig,
     "coma": ComaConfig,
     "maddpg": MaddpgConfig,
+    "facmac": MaddpgConfig,
 }
 
 
@@ -496,8 +530,10 @@ class TrainConfig:
 
     @property
     def family(self) -> str:
-        """``"ppo"`` (mappo), ``"value"`` (iql, vdn, qmix), ``"coma"`` or ``"maddpg"``."""
-        return {"mappo": "ppo", "coma": "coma", "maddpg": "maddpg"}.get(self.algo.name, "value")
+        """``"ppo"`` (mappo), ``"value"`` (iql, vdn, qmix), ``"coma"`` or ``"maddpg"`` (maddpg,
+        facmac)."""
+        families = {"mappo": "ppo", "coma": "coma", "maddpg": "maddpg", "facmac": "maddpg"}
+        return families.get(self.algo.name, "value")
 
     @property
     def steps_per_update(self) -> int:
@@ -1240,6 +1276,19 @@ def unread(cfg: TrainConfig, given: set[str]) -> list[tuple[str, str]]:
                 why = "acts deterministically in a box (algo.action_noise sets its exploration)"
             if key in given:
                 out.append((key, f"is read by algo.name=mappo only: {algo.name} {why}; drop it"))
+    if isinstance(algo, MaddpgConfig):
+        sizes = ("mixing_embed_dim", "hypernet_layers", "hypernet_embed")
+        for key in ("mixer", *sizes):
+            if f"algo.{key}" in given and algo.name != "facmac":
+                out.append(
+                    (f"algo.{key}", f"sets FACMAC's mixer, which algo.name={algo.name} does not "
+                     "have (its critic reads the joint action); set algo.name=facmac or drop it")
+                )  # fmt: skip
+            elif f"algo.{key}" in given and key in sizes and algo.mixer == "vdn":
+                out.append(
+                    (f"algo.{key}", "sizes the mixing network, which algo.mixer=vdn (a sum) "
+                     "does not have; set algo.mixer=qmix or drop it")
+                )  # fmt: skip
     if isinstance(algo, ValueConfig):
         for key in ("n_step", "td_lambda"):
             if f"algo.{key}" in given and algo.targets != key:

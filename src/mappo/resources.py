@@ -109,7 +109,14 @@ def _batch_episode_bytes(cfg: Any, spec: EnvSpec) -> int:
     width = sum(hidden) + (4 * hidden[-1] if hidden and cfg.model.recurrent != "none" else 0)
     agents = sum(g.num_agents for g in spec.groups.values())
     per_step = buffer_step_bytes(spec) + 3 * agents * width * _FLOAT
-    if cfg.family == "maddpg":
+    if cfg.algo.name == "facmac":
+        # FACMAC's utilities read each agent's observation and action (the actor loss's pass
+        # kept for its backward, about three times over as MADDPG's) and their activations
+        reads = sum(
+            g.num_agents * (math.prod(g.obs_shape) + g.action.total) for g in spec.groups.values()
+        )
+        per_step += (3 * reads + 3 * agents * sum(hidden)) * _FLOAT
+    elif cfg.family == "maddpg":
         # MADDPG's actor loss reads the critic once per agent: [n, state + joint action] per
         # step, kept about three times over for its backward (the input, its LayerNorm's
         # output, the first layer's input gradient), and the critic's hidden activations

@@ -641,9 +641,15 @@ def _network_memory_problem(
                 "local": group.obs_shape,
             }[source]
             weights += reads(tuple(shape)) * width * copies
-    if cfg.family == "maddpg":  # its critic reads the state flat beside every agent's action
+    if cfg.algo.name == "maddpg":  # its critic reads the state flat beside every action
         joint = sum(g.num_agents * g.action.total for g in spec.groups.values())
         weights += (math.prod(spec.state_shape) + joint) * width
+    elif cfg.algo.name == "facmac":  # each utility reads its agent's observation flat, and the
+        for group in spec.groups.values():  # mixer's hypernetworks the state
+            copies = 1 if m.share_params else group.num_agents
+            weights += (math.prod(group.obs_shape) + group.action.total) * width * copies
+        hyper = getattr(cfg.algo, "hypernet_embed", 0) if cfg.algo.mixer != "vdn" else 0
+        weights += math.prod(spec.state_shape) * hyper
     weights *= seeds
     need = 16 * weights
     if need <= _NETWORK_SHARE * free:
@@ -865,6 +871,10 @@ def _warn_large_observations(cfg: TrainConfig, env: BatchedEnv) -> None:
     elif algo == "maddpg":  # its critic reads the state flat, whatever the actors' encoder
         fix = "algo.name=mappo with algo.critic_input=local"
         _warn_large_input(cfg, spec, f"MADDPG's critic on {where} reads", state, first, fix, False)
+    elif algo == "facmac" and cfg.algo.mixer != "vdn":  # the mixer's hypernetworks
+        fix = "algo.mixer=vdn mixes without the state"
+        width = cfg.algo.hypernet_embed
+        _warn_large_input(cfg, spec, f"FACMAC's mixer on {where} reads", state, width, fix, False)
 
 
 def _conv_reads(cfg: TrainConfig, spec: Any, shape: tuple[int, ...]) -> int | None:

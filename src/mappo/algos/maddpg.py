@@ -16,6 +16,19 @@ policy gradient of Lowe et al. 2017, Eq. 6). Every agent's replacement is one ro
 batched critic call; the mean runs over the steps the episodes filled where the agent was
 alive.
 
+With ``td_lambda`` above 0 the critic's targets are TD(lambda) returns over the stored episode
+(the greedy target actions' values at every step), as FACMAC's code trains its critic with
+discrete actions.
+
+**FACMAC** (Peng et al. 2021, "FACMAC: Factored Multi-Agent Centralised Policy Gradients",
+Section 4; github.com/oxwhirl/facmac) differs in the critic and in the actors' loss. The critic
+``Q_tot(s, u) = mix(s, Q_1(o_1, u_1), ..., Q_N(o_N, u_N))`` regresses on the same targets. The
+actors' loss is ``-Q_tot(s_t, g_1, ..., g_N)`` with *every* agent's action from its current
+actor at once (the centralised policy gradient, its Eq. 7), not one agent's among the others'
+stored actions; the mean runs over the filled steps.
+
+``actor_reg`` adds the mean square of the box actions ``u`` (FACMAC's continuous code).
+
 Shapes: ``T`` steps of the longest sampled episode (``T + 1`` stored with the final
 observation), ``B`` episodes, ``n`` agents of a group, ``A`` its actions, ``W`` the joint
 action's width.
@@ -28,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mappo.algos.mappo import grad_norm
-from mappo.algos.returns import n_step_targets
+from mappo.algos.returns import lambda_targets, n_step_targets
 from mappo.algos.value import soft_update
 from mappo.config import MaddpgConfig
 from mappo.data import EpisodeBatch
@@ -51,6 +64,25 @@ def gumbel_softmax_sample(
     return hard + soft - soft.detach()
 
 
+def _targets(
+    next_q: Tensor, batch: EpisodeBatch, cfg: MaddpgConfig, reward_norm: RunningMeanStd | None
+) -> Tensor:
+    """The critic's targets ``[T, B]`` from the target networks' values ``next_q [T, B]`` of
+    the steps after: one-step, or TD(lambda) where ``cfg.td_lambda`` is above 0;
+    ``reward_norm`` (when given) standardises the rewards after folding in this batch's filled
+    ones."""
+    filled = batch.filled[:-1]
+    rewards = batch.reward[:-1]
+    if reward_norm is not None:
+        reward_norm.update(rewards[filled])
+        rewards = reward_norm.standardise(rewards)
+    ends = batch.ends[:-1]
+    term = batch.terminated[:-1] if cfg.bootstrap_truncation else ends
+    if cfg.td_lambda > 0.0:
+        return lambda_targets(rewards, next_q, term, ends, cfg.gamma, cfg.td_lambda)
+    return n_step_targets(rewards, next_q, term, ends, cfg.gamma, 1)
+
+
 def critic_loss(
     online: MaddpgNetworks,
     target: MaddpgNetworks,
@@ -58,23 +90,26 @@ def critic_loss(
     cfg: MaddpgConfig,
     reward_norm: RunningMeanStd | None = None,
 ) -> dict[str, Tensor]:
-    """Mean squared TD error of ``online.critic`` over the filled steps of a time-major episode
-    batch ``[T + 1, B, ...]``; ``reward_norm`` (when given) standardises the rewards after folding
-    in this batch's filled ones. Returns ``loss`` and detached diagnostics."""
-    stored = online.joint(online.features(batch.actions))  # [T + 1, B, W]
-    q = online.critic(batch.state[:-1], stored[:-1])  # [T, B]
+    """Mean squared TD error of ``online.critic`` (MADDPG's joint critic, or FACMAC's mixed
+    utilities) over the filled steps of a time-major episode batch ``[T + 1, B, ...]``.
+    Returns ``loss`` and detached diagnostics."""
+    features = online.features(batch.actions)  # [T + 1, B, n, A] per group
     with torch.no_grad():
         outputs = target.unroll(batch.obs, batch.actions)
         greedy = target.greedy_features(outputs, batch.action_mask)
-        next_q = target.critic(batch.state[1:], target.joint(greedy)[1:])  # [T, B]
-        filled = batch.filled[:-1]
-        rewards = batch.reward[:-1]
-        if reward_norm is not None:
-            reward_norm.update(rewards[filled])
-            rewards = reward_norm.standardise(rewards)
-        ends = batch.ends[:-1]
-        term = batch.terminated[:-1] if cfg.bootstrap_truncation else ends
-        targets = n_step_targets(rewards, next_q, term, ends, cfg.gamma, 1)  # [T, B]
+    if cfg.name == "facmac":
+        taken = {name: x[:-1] for name, x in features.items()}
+        obs = {name: x[:-1] for name, x in batch.obs.items()}
+        q = online.critic(obs, taken, batch.state[:-1])  # [T, B]
+        with torch.no_grad():
+            next_q = target.critic(batch.obs, greedy, batch.state)[1:]  # [T, B]
+    else:
+        q = online.critic(batch.state[:-1], online.joint(features)[:-1])  # [T, B]
+        with torch.no_grad():
+            next_q = target.critic(batch.state[1:], target.joint(greedy)[1:])  # [T, B]
+    with torch.no_grad():
+        targets = _targets(next_q, batch, cfg, reward_norm)
+    filled = batch.filled[:-1]
     weight = filled.to(q.dtype)
     count = weight.sum().clamp_min(1.0)
     # where, not a product: a padded step's target may be anything, even infinite.
@@ -86,6 +121,36 @@ def critic_loss(
             "target_mean": (targets * weight).sum() / count,
         }
     return {"loss": error.square().sum() / count, **terms}
+
+
+def _policy_actions(
+    online: MaddpgNetworks,
+    name: str,
+    out: Tensor,
+    mask: Tensor | None,
+    cfg: MaddpgConfig,
+    generator: torch.Generator | None,
+) -> Tensor:
+    """Group ``name``'s actions ``[..., n, A]`` for the actor loss from its actors' outputs:
+    the deterministic ``tanh`` in a box, else one Gumbel-softmax sample per head, joined."""
+    if online.continuous(name):  # the deterministic policy gradient
+        return torch.tanh(out)
+    heads = online.heads(name, out, mask)
+    parts = [gumbel_softmax_sample(h, m, cfg.gumbel_temperature, generator) for h, m in heads]
+    return torch.cat(parts, -1) if len(parts) > 1 else parts[0]
+
+
+def _box_penalty(online: MaddpgNetworks, actions: dict[str, Tensor], filled: Tensor) -> Tensor:
+    """The mean square of the box groups' actions ``u`` over the filled steps (0 without a
+    box group)."""
+    total = torch.zeros((), device=filled.device)
+    count = torch.zeros((), device=filled.device)
+    for name, u in actions.items():
+        if online.continuous(name):
+            keep = filled.reshape(*filled.shape, 1, 1).expand_as(u)
+            total = total + torch.where(keep, u.square(), 0.0).sum()
+            count = count + keep.sum()
+    return total / count.clamp_min(1.0)
 
 
 def actor_loss(
@@ -103,15 +168,12 @@ def actor_loss(
     filled = batch.filled[:-1]
     total = torch.zeros((), device=state.device)
     count = torch.zeros((), device=state.device)
+    own_actions = {}
     for name, out in outputs.items():
         mask = batch.action_mask.get(name)
-        if online.continuous(name):  # the deterministic policy gradient
-            sample = torch.tanh(out[:-1])  # [T, B, n, d]
-        else:  # one Gumbel-softmax sample per head, joined: [T, B, n, A]
-            heads = online.heads(name, out[:-1], None if mask is None else mask[:-1])
-            temperature = cfg.gumbel_temperature
-            parts = [gumbel_softmax_sample(h, m, temperature, generator) for h, m in heads]
-            sample = torch.cat(parts, -1) if len(parts) > 1 else parts[0]
+        mask = None if mask is None else mask[:-1]
+        sample = _policy_actions(online, name, out[:-1], mask, cfg, generator)  # [T, B, n, A]
+        own_actions[name] = sample
         n = sample.shape[-2]
         own = torch.eye(n, dtype=torch.bool, device=sample.device).unsqueeze(-1)  # [n, n, 1]
         # row i: agent i's block from its sample, every other agent's as stored: [T, B, n, n, A]
@@ -126,7 +188,33 @@ def actor_loss(
         keep = filled.unsqueeze(-1) & batch.alive[name][:-1]
         total = total - torch.where(keep, q, 0.0).sum()
         count = count + keep.sum()
-    return total / count.clamp_min(1.0)
+    loss = total / count.clamp_min(1.0)
+    if cfg.actor_reg > 0.0:
+        loss = loss + cfg.actor_reg * _box_penalty(online, own_actions, filled)
+    return loss
+
+
+def facmac_actor_loss(
+    online: MaddpgNetworks,
+    batch: EpisodeBatch,
+    cfg: MaddpgConfig,
+    generator: torch.Generator | None,
+) -> Tensor:
+    """``-Q_tot`` of every agent's action from its current actor at once (a Gumbel-softmax
+    sample; in a box the deterministic action), averaged over the filled steps."""
+    outputs = online.unroll(batch.obs, batch.actions)  # [T + 1, B, n, A] per group
+    actions = {}
+    for name, out in outputs.items():
+        mask = batch.action_mask.get(name)
+        mask = None if mask is None else mask[:-1]
+        actions[name] = _policy_actions(online, name, out[:-1], mask, cfg, generator)
+    obs = {name: x[:-1] for name, x in batch.obs.items()}
+    q = online.critic(obs, actions, batch.state[:-1])  # [T, B]
+    filled = batch.filled[:-1]
+    loss = -torch.where(filled, q, 0.0).sum() / filled.sum().clamp_min(1)
+    if cfg.actor_reg > 0.0:
+        loss = loss + cfg.actor_reg * _box_penalty(online, actions, filled)
+    return loss
 
 
 def update(
@@ -139,9 +227,9 @@ def update(
     generator: torch.Generator | None,
     reward_norm: RunningMeanStd | None = None,
 ) -> dict[str, Tensor]:
-    """One critic step, then one actor step on the updated critic, then the targets' Polyak
-    step. Returns the losses, the critic's diagnostics and both gradient norms (before
-    clipping)."""
+    """One critic step, then one actor step on the updated critic (MADDPG's or FACMAC's actor
+    loss, by ``cfg.name``), then the targets' Polyak step. Returns the losses, the critic's
+    diagnostics and both gradient norms (before clipping)."""
     critic = online.critic
     terms = critic_loss(online, target, batch, cfg, reward_norm)
     critic_optim.zero_grad(set_to_none=True)
@@ -151,7 +239,8 @@ def update(
     # The actor's gradient passes through the critic's input, not into its weights.
     critic.requires_grad_(False)
     try:
-        loss = actor_loss(online, batch, cfg, generator)
+        losses = facmac_actor_loss if cfg.name == "facmac" else actor_loss
+        loss = losses(online, batch, cfg, generator)
         actor_optim.zero_grad(set_to_none=True)
         loss.backward()
     finally:

@@ -7,8 +7,12 @@ The critic ``Q(s, u_1, ..., u_N)`` reads the global state and every agent's acti
 block, or a box's components in ``[-1, 1]``), the groups in the env's order and the agents in
 their group's order, through an MLP of ``model.hidden_sizes`` (with the model's activation and
 LayerNorms) to one value: the team's return, as the cooperative tasks reward the team.
-Shapes: ``L`` steps, ``B`` episodes, ``n`` agents of a group, ``A`` its actions (``d``
-components in a box), ``W`` the joint action's width (``sum n * A``).
+FACMAC's critic (Peng et al. 2021, Section 4; :class:`FactoredCritic`) is factored instead:
+each agent's utility ``Q_a(o_a, u_a)`` from its own observation and action, the utilities of
+all groups mixed with the state by QMIX's network (monotonic or not) or summed.
+
+Shapes: ``L`` steps, ``B`` episodes, ``n`` agents of a group, ``N`` agents of all groups, ``A``
+a group's actions (``d`` components in a box), ``W`` the joint action's width (``sum n * A``).
 """
 
 from __future__ import annotations
@@ -24,8 +28,17 @@ from mappo.config import ConfigError, MaddpgConfig, ModelConfig
 from mappo.data import EnvSpec
 from mappo.nn.actor_critic import picture_scale
 from mappo.nn.coma import coma_policy, sample_allowed
-from mappo.nn.layers import MLP
-from mappo.nn.q_agents import AgentNetworks, masked_argmax
+from mappo.nn.layers import MLP, AgentLayerNorm, AgentLinear
+from mappo.nn.q_agents import AgentNetworks, QMixer, VDNMixer, masked_argmax
+
+
+def _flat_input(x: Tensor, axes: int, scale: float) -> Tensor:
+    """An observation or state ``[..., *shape]`` (``axes`` of them) as floats ``[..., prod]``:
+    byte inputs as floats, pictures scaled as ``model.encoder=cnn`` scales them."""
+    x = x.flatten(-axes) if axes > 1 else x
+    if not x.is_floating_point() or scale != 1.0:
+        x = x.float() * scale
+    return x
 
 
 class JointCritic(nn.Module):
@@ -52,15 +65,93 @@ class JointCritic(nn.Module):
         nn.init.zeros_(self.head.bias)
 
     def forward(self, state: Tensor, joint: Tensor) -> Tensor:
-        x = state.flatten(-self.state_axes) if self.state_axes > 1 else state
-        if not x.is_floating_point() or self.state_scale != 1.0:  # byte states, pictures
-            x = x.float() * self.state_scale
+        x = _flat_input(state, self.state_axes, self.state_scale)
         x = torch.cat([x.expand(*joint.shape[:-1], -1), joint], -1)
         return self.head(self.mlp(x)).squeeze(-1)
 
 
+class AgentUtility(nn.Module):
+    """One group's FACMAC utilities ``Q_a(o_a, u_a)``: observations ``[..., n, *obs]`` and
+    action features ``[..., n, A]`` -> ``[..., n]``, through an MLP of ``model.hidden_sizes``
+    (the agents' one-hot ids beside the inputs where ``model.agent_id``; one network per agent
+    where ``model.share_params`` is false).
+
+    ``model.feature_norm`` normalises the observation only: the actor loss differentiates the
+    utility at the action's point, and a LayerNorm over the action's one-hot beside a few
+    observation values bends that gradient away from the differences between actions (on the
+    toy matching task FACMAC's actors then learned against their critic in one seed of six).
+    """
+
+    def __init__(self, obs_shape: tuple[int, ...], n: int, width: int, model: ModelConfig) -> None:
+        super().__init__()
+        self.obs_scale = picture_scale(obs_shape, model)
+        self.obs_axes = len(obs_shape)
+        self.agent_id = model.agent_id
+        obs_features = math.prod(obs_shape)
+        in_features = obs_features + width + (n if model.agent_id else 0)
+        copies = 1 if model.share_params else n
+        self.obs_norm = AgentLayerNorm(obs_features, copies) if model.feature_norm else None
+        self.mlp = MLP(
+            in_features,
+            list(model.hidden_sizes),
+            model.activation,
+            copies,
+            False,
+            model.layer_norm,
+        )
+        self.head = AgentLinear(self.mlp.out_features, 1, copies)
+        self.head.reset_parameters(1.0)  # orthogonal with gain 1, as the joint critic's head
+        self.register_buffer("eye", torch.eye(n), persistent=False)
+
+    def forward(self, obs: Tensor, features: Tensor) -> Tensor:
+        x = _flat_input(obs, self.obs_axes, self.obs_scale)
+        if self.obs_norm is not None:
+            x = self.obs_norm(x)
+        parts = [x.expand(*features.shape[:-1], -1), features]
+        if self.agent_id:
+            parts.append(self.eye.expand(*features.shape[:-1], -1))
+        return self.head(self.mlp(torch.cat(parts, -1))).squeeze(-1)
+
+
+class FactoredCritic(nn.Module):
+    """FACMAC's critic: every group's :class:`AgentUtility`, their values ``[..., N]`` (groups
+    in the env's order) mixed with the state ``[..., *state_shape]`` into ``Q_tot [...]``."""
+
+    def __init__(self, spec: EnvSpec, model: ModelConfig, algo: MaddpgConfig) -> None:
+        super().__init__()
+        self.utilities = nn.ModuleDict(
+            {
+                name: AgentUtility(g.obs_shape, g.num_agents, g.action.total, model)
+                for name, g in spec.groups.items()
+            }
+        )
+        self.state_scale = picture_scale(spec.state_shape, model)
+        self.state_axes = len(spec.state_shape)
+        self.mixer: nn.Module = (
+            VDNMixer()
+            if algo.mixer == "vdn"
+            else QMixer(
+                math.prod(spec.state_shape),
+                spec.num_agents,
+                algo.mixing_embed_dim,
+                algo.hypernet_layers,
+                algo.hypernet_embed,
+                monotonic=algo.mixer == "qmix",
+            )
+        )
+
+    def utilities_of(self, obs: dict[str, Tensor], features: dict[str, Tensor]) -> Tensor:
+        """Every agent's utility ``[..., N]``."""
+        return torch.cat([u(obs[name], features[name]) for name, u in self.utilities.items()], -1)
+
+    def forward(self, obs: dict[str, Tensor], features: dict[str, Tensor], state: Tensor) -> Tensor:
+        q = self.utilities_of(obs, features)
+        return self.mixer(q, _flat_input(state, self.state_axes, self.state_scale)).squeeze(-1)
+
+
 class MaddpgNetworks(AgentNetworks):
-    """Every group's actors and the joint critic: what a MADDPG checkpoint's ``policy`` holds.
+    """Every group's actors and the critic (MADDPG's joint one, or FACMAC's factored one): what
+    a MADDPG or FACMAC checkpoint's ``policy`` holds.
 
     A discrete group samples each head from the softmax of its actor's logits mixed with
     ``epsilon`` of the uniform distribution over the allowed actions, as COMA's actors do: the
@@ -78,10 +169,10 @@ class MaddpgNetworks(AgentNetworks):
             action = group.action
             if action.continuous and not action.bounded:  # (float32 bounds, low < high)
                 raise ConfigError(
-                    f"algo.name=maddpg acts in a bounded box, but group '{name}' has unbounded "
-                    f"action components (low={action.low}, high={action.high}; float32 bounds "
-                    "with low < high are needed); give the env finite bounds, or train it with "
-                    "algo.name=mappo"
+                    f"algo.name={algo.name} acts in a bounded box, but group '{name}' has "
+                    f"unbounded action components (low={action.low}, high={action.high}; "
+                    "float32 bounds with low < high are needed); give the env finite bounds, "
+                    "or train it with algo.name=mappo"
                 )
             if action.continuous:
                 bounds = torch.tensor([action.low, action.high], dtype=torch.float32)
@@ -92,7 +183,9 @@ class MaddpgNetworks(AgentNetworks):
             agent.head.reset_parameters(gain=model.policy_gain)
         self.explore_epsilon = algo.epsilon_finish
         self.action_noise = algo.action_noise
-        self.critic = JointCritic(spec, model)
+        self.critic: nn.Module = (
+            FactoredCritic(spec, model, algo) if algo.name == "facmac" else JointCritic(spec, model)
+        )
 
     def continuous(self, name: str) -> bool:
         return self.spec.groups[name].action.continuous

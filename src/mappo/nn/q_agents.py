@@ -116,14 +116,22 @@ class QMixer(nn.Module):
 
     The hypernetworks producing the weights are one linear layer, or two with a ReLU between
     (``hypernet_layers``); the state-dependent biases are one layer (``b1``) and two (``V``), as
-    in the QMIX paper's Section 4.
+    in the QMIX paper's Section 4. ``monotonic=False`` keeps the weights' signs (FACMAC's
+    non-monotonic mixer, whose critic only has to be differentiated, never maximised).
     """
 
     def __init__(
-        self, state_dim: int, num_agents: int, embed: int, hypernet_layers: int, hyper_embed: int
+        self,
+        state_dim: int,
+        num_agents: int,
+        embed: int,
+        hypernet_layers: int,
+        hyper_embed: int,
+        monotonic: bool = True,
     ) -> None:
         super().__init__()
         self.num_agents, self.embed = num_agents, embed
+        self.monotonic = monotonic
 
         def hyper(out: int) -> nn.Module:
             if hypernet_layers == 1:
@@ -140,10 +148,13 @@ class QMixer(nn.Module):
     def forward(self, q: Tensor, state: Tensor) -> Tensor:
         """``q [..., N]``, ``state [..., state_dim]`` -> ``[..., 1]``."""
         lead = q.shape[:-1]
-        w1 = self.hyper_w1(state).abs().reshape(*lead, self.num_agents, self.embed)
+        w1, w2 = self.hyper_w1(state), self.hyper_w2(state)
+        if self.monotonic:
+            w1, w2 = w1.abs(), w2.abs()
+        w1 = w1.reshape(*lead, self.num_agents, self.embed)
         b1 = self.hyper_b1(state).unsqueeze(-2)  # [..., 1, embed]
         hidden = F.elu(q.unsqueeze(-2) @ w1 + b1)  # [..., 1, embed]
-        w2 = self.hyper_w2(state).abs().unsqueeze(-1)  # [..., embed, 1]
+        w2 = w2.unsqueeze(-1)  # [..., embed, 1]
         return (hidden @ w2).squeeze(-1) + self.value(state)
 
 
