@@ -24,6 +24,7 @@ from mappo.nn.q_agents import QMixer, VDNMixer
 from mappo.trainer import load_checkpoint, resume, train
 
 sys.path.insert(0, str(Path(__file__).parent))
+from test_maddpg import _batch as spread_batch  # noqa: E402
 from toy_env import register_toy  # noqa: E402
 
 register_toy()
@@ -53,25 +54,9 @@ def _networks(**algo: object) -> tuple[MaddpgNetworks, C.TrainConfig]:
     return MaddpgNetworks(spec, cfg.model, cfg.algo), cfg
 
 
-def _batch(T: int = 4, B: int = 2, ends_at: int = 2) -> EpisodeBatch:
-    """Spread's shapes: ``ends_at + 1`` steps filled, the last cut by the time limit."""
-    gen = torch.Generator().manual_seed(3)
-    L = T + 1
-    filled = torch.zeros(L, B, dtype=torch.bool)
-    filled[: ends_at + 1] = True
-    truncated = torch.zeros(L, B, dtype=torch.bool)
-    truncated[ends_at] = True
-    return EpisodeBatch(
-        obs={"agents": torch.randn(L, B, 3, 18, generator=gen)},
-        action_mask={},
-        alive={"agents": torch.ones(L, B, 3, dtype=torch.bool)},
-        actions={"agents": torch.randint(0, 5, (L, B, 3, 1), generator=gen)},
-        state=torch.randn(L, B, 54, generator=gen),
-        reward=torch.randn(L, B, generator=gen),
-        terminated=torch.zeros(L, B, dtype=torch.bool),
-        truncated=truncated,
-        filled=filled,
-    )
+def _batch() -> EpisodeBatch:
+    """MADDPG's hand-made Spread batch, with two padded steps after the time limit's."""
+    return spread_batch(T=4)
 
 
 # -- the factored critic -------------------------------------------------------------------------

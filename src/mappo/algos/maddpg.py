@@ -125,19 +125,25 @@ def critic_loss(
 
 def _policy_actions(
     online: MaddpgNetworks,
-    name: str,
-    out: Tensor,
-    mask: Tensor | None,
+    outputs: dict[str, Tensor],
+    batch: EpisodeBatch,
     cfg: MaddpgConfig,
     generator: torch.Generator | None,
-) -> Tensor:
-    """Group ``name``'s actions ``[..., n, A]`` for the actor loss from its actors' outputs:
-    the deterministic ``tanh`` in a box, else one Gumbel-softmax sample per head, joined."""
-    if online.continuous(name):  # the deterministic policy gradient
-        return torch.tanh(out)
-    heads = online.heads(name, out, mask)
-    parts = [gumbel_softmax_sample(h, m, cfg.gumbel_temperature, generator) for h, m in heads]
-    return torch.cat(parts, -1) if len(parts) > 1 else parts[0]
+) -> dict[str, Tensor]:
+    """Every group's actions ``[T, B, n, A]`` for the actor loss from its actors' outputs
+    ``[T + 1, B, n, A]``: the deterministic ``tanh`` in a box (the deterministic policy
+    gradient), else one Gumbel-softmax sample per head, joined."""
+    actions = {}
+    for name, out in outputs.items():
+        if online.continuous(name):
+            actions[name] = torch.tanh(out[:-1])
+            continue
+        mask = batch.action_mask.get(name)
+        heads = online.heads(name, out[:-1], None if mask is None else mask[:-1])
+        t = cfg.gumbel_temperature
+        parts = [gumbel_softmax_sample(h, m, t, generator) for h, m in heads]
+        actions[name] = torch.cat(parts, -1) if len(parts) > 1 else parts[0]
+    return actions
 
 
 def _box_penalty(online: MaddpgNetworks, actions: dict[str, Tensor], filled: Tensor) -> Tensor:
@@ -168,12 +174,8 @@ def actor_loss(
     filled = batch.filled[:-1]
     total = torch.zeros((), device=state.device)
     count = torch.zeros((), device=state.device)
-    own_actions = {}
-    for name, out in outputs.items():
-        mask = batch.action_mask.get(name)
-        mask = None if mask is None else mask[:-1]
-        sample = _policy_actions(online, name, out[:-1], mask, cfg, generator)  # [T, B, n, A]
-        own_actions[name] = sample
+    own_actions = _policy_actions(online, outputs, batch, cfg, generator)  # [T, B, n, A]
+    for name, sample in own_actions.items():
         n = sample.shape[-2]
         own = torch.eye(n, dtype=torch.bool, device=sample.device).unsqueeze(-1)  # [n, n, 1]
         # row i: agent i's block from its sample, every other agent's as stored: [T, B, n, n, A]
@@ -203,11 +205,7 @@ def facmac_actor_loss(
     """``-Q_tot`` of every agent's action from its current actor at once (a Gumbel-softmax
     sample; in a box the deterministic action), averaged over the filled steps."""
     outputs = online.unroll(batch.obs, batch.actions)  # [T + 1, B, n, A] per group
-    actions = {}
-    for name, out in outputs.items():
-        mask = batch.action_mask.get(name)
-        mask = None if mask is None else mask[:-1]
-        actions[name] = _policy_actions(online, name, out[:-1], mask, cfg, generator)
+    actions = _policy_actions(online, outputs, batch, cfg, generator)  # [T, B, n, A]
     obs = {name: x[:-1] for name, x in batch.obs.items()}
     q = online.critic(obs, actions, batch.state[:-1])  # [T, B]
     filled = batch.filled[:-1]
