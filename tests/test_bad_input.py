@@ -747,6 +747,40 @@ def test_resume_skips_a_truncated_newest_checkpoint(trained, tmp_path, capsys):
     assert summary["env_steps"] == 400
 
 
+def _flip_tensor_bytes(path: Path) -> None:
+    """Change four bytes inside the largest tensor's record of a checkpoint archive, leaving
+    the archive's layout intact (as a bad disk or copy would)."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        info = max(
+            (i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size
+        )
+    raw = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack(
+        "<HH", raw[info.header_offset + 26 : info.header_offset + 30]
+    )
+    start = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+    raw[start : start + 4] = bytes(255 - b for b in raw[start : start + 4])
+    path.write_bytes(bytes(raw))
+
+
+def test_a_checkpoint_with_changed_bytes_is_refused_and_resume_passes_over_it(
+    trained, tmp_path, capsys
+):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    newest = _ckpts(run)[-1]
+    _flip_tensor_bytes(newest)
+    code, _, err = _cli(capsys, ["eval", str(newest), "--episodes", "2"])
+    assert code == 2 and "is corrupt" in err and "fails its checksum" in err
+    code, out, err = _cli(capsys, ["train", "--resume", str(run), "total_env_steps=400"])
+    assert code == 0, err
+    assert "mappo: warning: skipped" in err and newest.name in err
+    assert (run / "checkpoints" / (newest.name + ".unusable")).is_file()
+
+
 def test_checkpoints_set_aside_twice_under_one_name_are_both_kept(tmp_path):
     # Resumed from iteration 2 after iteration 4 was set aside, the run reached 4 again and
     # is resumed from 2 once more: the second file set aside must not replace the first.

@@ -12,6 +12,7 @@ import errno
 import hashlib
 import os
 import warnings
+import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,19 @@ _OLDER = "it may be truncated: use an older one in checkpoints/"
 """The fix a damaged checkpoint of a run names (when the run has older ones)."""
 
 
+def _damaged_member(path: Path) -> str | None:
+    """The first member of the zip archive that ``torch.save`` wrote whose bytes fail their
+    CRC-32; None for an intact archive, and for a file that is no zip archive at all (which
+    ``torch.load`` then refuses in its own words)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError):
+        return None
+    except Exception:  # noqa: BLE001 - zipfile raises zlib.error and others on mangled data
+        return "(unreadable)"
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load a checkpoint file safely (``weights_only=True``), in the current layout.
 
@@ -138,13 +152,21 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
+    if path.parent.name == "checkpoints" and path.name.startswith("iter_"):
+        fix = _OLDER  # a run's own checkpoint, cut off while it was written
+    else:
+        fix = "give a run directory, or one of the checkpoints/iter_*.pt files in it"
+    # torch.load does not check the archive's CRC-32s: a file with changed bytes inside a
+    # tensor would load as other weights
+    damaged = _damaged_member(path)
+    if damaged is not None:
+        raise CheckpointError(
+            f"'{path}' is corrupt (its part '{damaged}' fails its checksum); "
+            + fix.replace("it may be truncated: ", "")
+        )
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unpickling failure means the same to the user
-        if path.parent.name == "checkpoints" and path.name.startswith("iter_"):
-            fix = _OLDER  # a run's own checkpoint, cut off while it was written
-        else:
-            fix = "give a run directory, or one of the checkpoints/iter_*.pt files in it"
         raise CheckpointError(
             f"'{path}' is not a readable mappo checkpoint ({type(err).__name__}); {fix}"
         ) from err
