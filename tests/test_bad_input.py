@@ -227,6 +227,11 @@ CASES = [
         "argument --seed: must be a whole number from 0 to 2**32 - 1",
     ),
     Case(
+        "eval-scripted-other-env",
+        lambda c: ["eval", "--scripted", "mpe/simple_spread"],
+        "--scripted plays a built-in scripted player on an env, smac/<map> or hanabi/<variant>",
+    ),
+    Case(
         "bench-env-late-typo",
         lambda c: ["bench", "env", "--envs", "mpe/simple_spread", "mpe/nope", "--seconds", "0.1"],
         "unknown environment 'mpe/nope'",
@@ -551,7 +556,7 @@ CASES = [
     ),
     Case(
         "scripted-not-a-map",
-        lambda c: ["eval", "--scripted", "mpe/simple_spread"],
+        lambda c: ["eval", "--scripted", "3mm"],
         "--scripted plays smac/<map> and hanabi/<variant>",
     ),
     Case(

@@ -15,12 +15,26 @@ import numpy as np
 import pytest
 import torch
 
-from mappo.envs import EnvError, make
+from mappo.envs import ActionError, EnvError, make
 from mappo.envs.hanabi import HanabiEnv
 from mappo.envs.hanabi.game import HanabiGames, HanabiRules
 
-SEED = int(os.environ.get("MAPPO_HANABI_SEED", "0"))
-GAMES = int(os.environ.get("MAPPO_HANABI_GAMES", "1000"))
+
+def _env_int(name: str, default: int, low: int) -> int:
+    """A whole number of at least ``low`` from the environment variable ``name``: a typo stops
+    the run in one line instead of a collection traceback, and 0 games cannot pass vacuously."""
+    text = os.environ.get(name, str(default))
+    try:
+        value = int(text)
+    except ValueError:
+        raise pytest.UsageError(f"{name} must be a whole number, got {text!r}") from None
+    if value < low:
+        raise pytest.UsageError(f"{name} must be at least {low}, got {value}")
+    return value
+
+
+SEED = _env_int("MAPPO_HANABI_SEED", 0, 0)
+GAMES = _env_int("MAPPO_HANABI_GAMES", 1000, 1)
 BACKEND = os.environ.get("MAPPO_HANABI_BACKEND", "auto")
 """The games' backend in the comparison with OpenSpiel (``auto``: the C code on a CPU where it
 builds; ``torch``: the tensor code, as on a GPU). Each is also checked against the other below."""
@@ -163,6 +177,25 @@ def test_deck_injection_deals_the_deck_in_order():
     # every shuffled deck holds each card as often as the rules say
     for d in decks:
         assert torch.equal(torch.bincount(d, minlength=25), g.card_counts)
+
+
+@pytest.mark.parametrize("reset_first", [True, False])
+def test_the_step_after_a_deal_is_checked_against_the_dealt_games_masks(reset_first):
+    """A deal starts new games: its masks, not the previous reset's (or none on a fresh env),
+    are what the next checked step allows."""
+    env = make("hanabi/full-2p", num_envs=1, seed=0)
+    deck = [c for c, n in enumerate(env.games.card_counts.tolist()) for _ in range(n)]
+    if reset_first:
+        env.reset()
+    step = env.deal(torch.tensor([deck]))
+    allowed = step.action_mask["players"][0, 0]
+    legal, illegal = int(allowed.nonzero()[-1]), int((~allowed).nonzero()[-1])
+    action = torch.zeros(1, 2, 1, dtype=torch.long)
+    action[0, 0, 0] = illegal
+    with pytest.raises(ActionError, match="not allowed by its action mask"):
+        env.step({"players": action})
+    action[0, 0, 0] = legal
+    env.step({"players": action})
 
 
 def test_masks_forbid_what_the_rules_forbid():
@@ -1239,8 +1272,32 @@ def test_a_recorded_game_ends_on_its_last_state():
     assert env.keep_ended is False  # (training does not pay for the copies)
     text = env.render_text(0, ended=True)
     assert "lives 0" in text and text.startswith("score 0")  # random play loses its lives
+    assert "game over: no lives left" in text.splitlines()[0]
     assert "misplayed, a life lost" in text.splitlines()[-1]
     np.testing.assert_array_equal(frames[-1], env.render_ended(0))
     assert not np.array_equal(frames[-1], frames[-2])
     again, taken, ended = record_steps(env, seed=3)  # (what `mappo render` reports)
     assert ended and len(again) == len(frames) == taken + 1
+
+
+def test_a_new_env_refuses_to_step_or_draw_before_a_game_and_takes_a_saved_one():
+    """Before reset() or deal() there is no game: stepping, reading the state and drawing say
+    so in one line; a saved game loads into a new env (for analysing a position)."""
+    fresh = make("hanabi/full-2p", num_envs=2, seed=0)
+    moves = {"players": torch.zeros(2, 2, 1, dtype=torch.long)}
+    for call in (lambda: fresh.step(moves), fresh.get_state, lambda: fresh.render_text(0)):
+        with pytest.raises(EnvError, match=r"call reset\(\) or deal\(\) first"):
+            call()
+    played = make("hanabi/full-2p", num_envs=2, seed=4)
+    mask = played.reset().action_mask["players"]  # [2, 2, A]: player 0 acts first
+    first = mask[:, 0].int().argmax(-1)  # each game's first legal move
+    played.step({"players": torch.stack([first, torch.zeros_like(first)], 1).unsqueeze(-1)})
+    saved = played.get_state()
+    step = fresh.set_state(saved)
+    for key, value in fresh.get_state().items():
+        assert torch.equal(value, saved[key]), key
+    assert fresh.render_text(1) == played.render_text(1)
+    assert step.action_mask["players"].any()
+    for bad in (2, -1, True):
+        with pytest.raises(EnvError, match="env_index must be 0 to 1"):
+            fresh.render_text(bad)

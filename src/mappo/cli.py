@@ -227,6 +227,14 @@ def cmd_eval_scripted(args: argparse.Namespace) -> int:
         from mappo.envs.base import EnvError
 
         name = args.path.removeprefix("smac/")
+        given = Path(args.path)
+        if "/" in name or given.suffix == ".pt" or (given / "config.yaml").is_file():
+            # a run directory, a checkpoint, or another family's env (mpe/..., vmas/...)
+            raise config_mod.ConfigError(
+                f"--scripted plays a built-in scripted player on an env, smac/<map> or "
+                f"hanabi/<variant>, not {args.path!r}; e.g. mappo eval --scripted hanabi/full-2p "
+                "(evaluate a trained run without --scripted)"
+            )
         try:
             get_map(name)  # an unknown map is a one-line error naming the nearest one
         except EnvError as err:

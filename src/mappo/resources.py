@@ -43,11 +43,18 @@ def step_bytes(spec: EnvSpec, byte_observations: bool = False) -> int:
 
 
 def env_state_bytes(env: Any) -> int:
-    """Bytes of one copy's simulator state (0 for envs that cannot export it, e.g. adapters)."""
+    """Bytes of one copy's simulator state (0 for envs that cannot export it, e.g. adapters).
+    An env with no state before its first reset (Hanabi's games) is reset first: ``env`` is a
+    probe, made for this."""
+    from mappo.envs.base import EnvError
+
     try:
         state = env.get_state()
     except NotImplementedError:
         return 0
+    except EnvError:
+        env.reset()
+        state = env.get_state()
     return sum(t.numel() * t.element_size() for t in state.values()) // max(env.num_envs, 1)
 
 

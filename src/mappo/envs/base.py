@@ -113,10 +113,11 @@ class BatchedEnv(abc.ABC):
         """Reset every env; reseed the env's generator first when ``seed`` is given."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        # Remember the action masks of every EnvStep handed out by reset/set_state (step does it
+        # Remember the action masks of every EnvStep handed out by reset/set_state, or by an
+        # env's own way of starting episodes (Hanabi's deal of given decks; step does it
         # itself), so that a checked step can refuse actions the agent was not allowed to take.
         super().__init_subclass__(**kwargs)
-        for method in ("reset", "set_state"):
+        for method in ("reset", "set_state", "deal"):
             if method in cls.__dict__:
                 setattr(cls, method, _remember_masks(cls.__dict__[method]))
 

@@ -188,7 +188,13 @@ class HanabiEnv(BatchedEnv):
         self._moves.zero_()
         return self._first_step()
 
+    def _require_games(self, what: str) -> None:
+        """Refuse ``what`` on an env whose games were never started (no state to act on)."""
+        if not self.games.state:
+            raise EnvError(f"{self.name}: {what} before any game; call reset() or deal() first")
+
     def _step(self, actions: dict[str, Tensor]) -> EnvStep:
+        self._require_games("step()")
         g = self.games
         if g.native is not None:  # the move, its reward and the statistics in one pass in C
             shared, stat_rows = g.env_step(actions["players"], self._length, self._moves)
@@ -270,6 +276,7 @@ class HanabiEnv(BatchedEnv):
         return shared, stats
 
     def get_state(self) -> dict[str, Tensor]:
+        self._require_games("get_state()")
         out = {k: v.clone() for k, v in self.games.state.items()}
         out["length"] = self._length.clone()
         out["move_counts"] = self._moves.clone()
@@ -287,6 +294,11 @@ class HanabiEnv(BatchedEnv):
                 raise EnvError(f"{self.name}: env_ids must lie in [0, {self.num_envs})")
             if ids.unique().numel() != ids.numel():
                 raise EnvError(f"{self.name}: env_ids must not repeat an env")
+        if not self.games.state:  # a new env: games of a sorted deck, whose fields the
+            # given state then overwrites (in every env, or in env_ids; the others keep them)
+            counts = self.games.card_counts.to(self.device)
+            deck = torch.repeat_interleave(torch.arange(counts.numel(), device=self.device), counts)
+            self.games.reset(deck.expand(self.num_envs, -1).clone())
         # the statistics' move counts may be left out (states saved before they existed):
         # those games count their moves from zero
         keys = set(self.games.state) | {"length"}
@@ -411,10 +423,15 @@ class HanabiEnv(BatchedEnv):
     # -- reading a game --------------------------------------------------------------------------
     def render_text(self, env_index: int = 0, ended: bool = False) -> str:
         """Game ``env_index`` as text: tokens, fireworks, every hand with what its holder knows
-        (``R3 || R?`` = a red 3 whose holder knows it is red), discards and the deck.
+        (``R3||R?`` = a red 3 whose holder knows it is red), discards and the deck.
         ``ended``: the game as the step that ended it left it, before its auto-reset (kept
-        while :attr:`keep_ended` is set; a recorded episode's last frame)."""
+        while :attr:`keep_ended` is set; a recorded episode's last frame), which says how it
+        ended where the others say who acts next."""
         r, i = self.rules, env_index
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_envs:
+            raise EnvError(f"{self.name}: env_index must be 0 to {self.num_envs - 1}, got {i!r}")
+        if not ended:
+            self._require_games("render")
         s = self._ended_state() if ended else self.games.state
 
         def card(c: int) -> str:
@@ -425,7 +442,7 @@ class HanabiEnv(BatchedEnv):
             f"score {int(s['fireworks'][i].sum()) if int(s['life'][i]) > 0 else 0}  "
             f"info {int(s['info'][i])}  "
             f"lives {int(s['life'][i])}  deck {r.deck_size - int(s['dealt'][i])}  "
-            f"to act: player {int(s['player'][i])}",
+            + (self._how_it_ended(i, s) if ended else f"to act: player {int(s['player'][i])}"),
             f"fireworks: {fw}",
         ]
         for p in range(r.players):
@@ -439,6 +456,14 @@ class HanabiEnv(BatchedEnv):
         lines.append("discards: " + (" ".join(disc) if disc else "-"))
         lines.append("last move: " + self._last_move_text(i, s))
         return "\n".join(lines)
+
+    def _how_it_ended(self, i: int, s: dict[str, Tensor]) -> str:
+        r = self.rules
+        if int(s["life"][i]) == 0:
+            return "game over: no lives left"
+        if int(s["fireworks"][i].sum()) == r.colors * r.ranks:
+            return "game over: every firework complete"
+        return "game over: the deck ran out"
 
     def _ended_state(self) -> dict[str, Tensor]:
         if self._ended is None:
