@@ -18,6 +18,7 @@ import torch
 import mappo
 from mappo import config as C
 from mappo.algos.mappo import make_samples
+from mappo.cli import main
 from mappo.trainer import Trainer, latest_checkpoint, load_checkpoint, resume, train
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -1022,11 +1023,13 @@ def test_policy_evaluate_checks_its_arguments_and_trusts_as_eval_does(tmp_path, 
 
 
 @pytest.mark.parametrize("when", ["periodic_evaluation", "final_evaluation", "rollout"])
-def test_a_signal_gives_up_a_periodic_evaluation_under_way(tmp_path, monkeypatch, when):
+def test_a_signal_gives_up_a_periodic_evaluation_under_way(tmp_path, monkeypatch, capsys, when):
     """An evaluation of long episodes may take minutes: a stop signal that arrives during a
     periodic one ends it at its next step, and the run stops with that iteration's checkpoint
-    and no evaluation in its row. The final evaluation is the run's result and is waited for;
-    so is an evaluation that starts after the signal came (during the rollout)."""
+    and no evaluation in its row. So does the final one: the training is complete and saved
+    (a scheduler's SIGKILL after its grace period would otherwise lose it), and the message
+    says to evaluate it with mappo eval. An evaluation that starts after the signal came
+    (during the rollout) is waited for."""
     import mappo.learners.ppo as P
     import mappo.trainer as T
 
@@ -1053,8 +1056,20 @@ def test_a_signal_gives_up_a_periodic_evaluation_under_way(tmp_path, monkeypatch
         "run_dir": str(tmp_path),
     }
     if when == "final_evaluation":
-        run = train("mpe/simple_spread_mappo", over)
-        assert run.summary["env_steps"] == 100 and "eval_return_mean" in run.summary
+        with pytest.raises(mappo.RunInterrupted) as info:
+            train("mpe/simple_spread_mappo", over)
+        assert info.value.evaluation_stopped and info.value.env_steps == 100
+        progress = load_checkpoint(latest_checkpoint(info.value.run_dir))["progress"]
+        assert progress["env_steps"] == 100
+        assert progress["last_eval"] == {}  # (an older evaluation is not the final one)
+        assert main(["eval", str(info.value.run_dir), "--episodes", "2"]) == 0
+        argv = ["train", "mpe/simple_spread_mappo", f"run_dir={tmp_path / 'cli'}"]
+        argv += [f"{k}={v}" for k, v in over.items() if k != "run_dir"]
+        capsys.readouterr()
+        assert main(argv) == 128 + signal.SIGINT
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert "interrupted during the final evaluation at env step 100" in line
+        assert "evaluate it with: mappo eval" in line
         return
     with pytest.raises(mappo.RunInterrupted) as info:
         train("mpe/simple_spread_mappo", over)

@@ -1050,6 +1050,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             dirs = shlex.join(str(d) for d in err.run_dirs)
+            if err.evaluation_stopped:
+                print(
+                    f"mappo: interrupted during the final evaluation at env step "
+                    f"{err.env_steps:,}; the trained run is saved in {err.checkpoint}; evaluate "
+                    f"it with: mappo eval {shlex.quote(str(err.run_dir))}"
+                    f"{_import_option(err.run_dir)}",
+                    file=sys.stderr,
+                )
+                return 128 + err.signum
             if err.saved_at_stop:
                 what = f"interrupted at env step {err.env_steps:,}; saved {err.checkpoint}"
                 what += " and the other seeds' checkpoints" if len(err.run_dirs) > 1 else ""

@@ -84,8 +84,11 @@ class RunInterrupted(Exception):
         checkpoint: Path | None,
         others: list[Path] | None = None,
         saved_at_stop: bool = True,
+        evaluation_stopped: bool = False,
     ) -> None:
         self.signum = signum
+        # True: the signal came during the final evaluation; training is complete and saved
+        self.evaluation_stopped = evaluation_stopped
         self.run_dir = run_dir
         self.env_steps = env_steps
         self.checkpoint = checkpoint
@@ -222,8 +225,11 @@ class Trainer:
         self.error_prefix = ""
         """Names the run in errors where several train together (``seed 3: ``)."""
         self.eval_stoppable = False
-        """Whether a stop signal gives up a periodic evaluation under way (a single run's loop
-        sets it; stacked seeds keep theirs, so that every seed saves the same iteration)."""
+        """Whether a stop signal gives up an evaluation under way, periodic or final (a single
+        run's loop sets it; stacked seeds keep theirs, so that every seed saves the same
+        iteration)."""
+        self.final_eval_stopped = False
+        """Whether a signal gave up the final evaluation (the run's training is complete)."""
         self.stop_signal: int | None = None
         """Set (by a signal handler) to stop after the current iteration with a checkpoint."""
         self.last_checkpoint: Path | None = None
@@ -466,12 +472,16 @@ class Trainer:
             }
             if evaluating:
                 try:
-                    # (the final evaluation is the run's result: a signal waits for it)
-                    evaluated = self.evaluate(stoppable=not last)
+                    evaluated = self.evaluate(stoppable=True)
                 except EvaluationStopped:
                     # A signal came during it: stop now, with this iteration's checkpoint and
-                    # without its evaluation.
+                    # without its evaluation. The final one too: a scheduler's SIGKILL after
+                    # its grace period would otherwise take every update since the last
+                    # periodic checkpoint with it (the run is then evaluated by mappo eval).
                     evaluated, stopping = {}, True
+                    if last:
+                        self.final_eval_stopped = True
+                        self.last_eval = {}  # (no older evaluation passes for the final one)
                 except Exception as err:
                     if logger is not None:  # the iteration's training row, which no resume redoes
                         with contextlib.suppress(Exception):
@@ -490,7 +500,7 @@ class Trainer:
             # A stop on a signal saves like a periodic checkpoint (without a replay buffer the
             # config leaves out of them): it must finish within a SIGTERM's grace period.
             self.save_checkpoint(time.perf_counter() - self._start, periodic=not last)
-        return stopping and not last
+        return stopping and (not last or self.final_eval_stopped)
 
     def _save_before_raising(self, err: Exception, last: bool) -> None:
         """Save a checkpoint of the iteration just trained when its evaluation raised (an
@@ -528,7 +538,12 @@ class Trainer:
         directories of runs stopped with it)."""
         assert self.stop_signal is not None and self.run_dir is not None
         raise RunInterrupted(
-            self.stop_signal, self.run_dir, self.env_steps, self.last_checkpoint, others
+            self.stop_signal,
+            self.run_dir,
+            self.env_steps,
+            self.last_checkpoint,
+            others,
+            evaluation_stopped=self.final_eval_stopped,
         )
 
     def finish(self) -> dict[str, Any]:
