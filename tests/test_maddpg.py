@@ -378,3 +378,13 @@ def test_maddpg_learns_to_reach_in_a_box_beside_a_discrete_group(tmp_path):
         assert actions["movers"].dtype == torch.float32 and actions["movers"].shape == (4, 2, 1)
         assert actions["pointer"].dtype == torch.int64
         env.step(actions)
+
+
+def test_settings_for_another_kind_of_action_warn_that_they_do_nothing(tmp_path):
+    """algo.action_noise on a discrete env (or epsilon in a box) would train as if unset: a
+    sweep over it would train one run under several names."""
+    over = {**TINY, "total_env_steps": 100, "run_dir": str(tmp_path)}
+    with pytest.warns(UserWarning, match=r"algo.action_noise=0.3 has no effect: it acts on conti"):
+        train("mpe/simple_spread_maddpg", {**over, "algo.action_noise": 0.3})
+    with pytest.warns(UserWarning, match=r"algo.epsilon_finish=0.2 has no effect: it acts on disc"):
+        train("mpe/simple_spread_continuous_maddpg", {**over, "algo.epsilon_finish": 0.2})

@@ -683,7 +683,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train a preset or YAML config, or resume a run")
     t.add_argument("config", nargs="?", help="preset name (mpe/simple_spread) or YAML path")
-    t.add_argument("overrides", nargs="*", help="KEY=VALUE overrides, e.g. algo.epochs=5")
+    t.add_argument(
+        "overrides",
+        nargs="*",
+        help="KEY=VALUE overrides, e.g. algo.epochs=5 (a key given twice: the last value wins)",
+    )
     t.add_argument(
         "--resume",
         nargs="+",

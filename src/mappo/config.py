@@ -1417,7 +1417,10 @@ def parse_overrides(items: list[str], example: str = "algo.epochs=5") -> dict[st
             value = yaml_value(text) if text != "" else ""
         except yaml.YAMLError:
             value = text
-        out[key.strip()] = value
+        # (a key given twice: the later value wins, as a script's common settings followed by
+        # one run's own expect; the help of `mappo train` says so)
+        key = key.strip()
+        out[key] = value
     return out
 
 

@@ -605,6 +605,7 @@ def _check_before_networks(
     networks' first layers (``seeds`` sets of them) or, for an adapter env the probe was
     spared (``probed`` False), the rollout and buffers would not fit in free memory."""
     _warn_large_observations(cfg, env)
+    _warn_unused_by_actions(cfg, env)
     m = cfg.model
     if m.encoder == "cnn" and m.image_scale != 1 and getattr(env, "unit_pictures", False):
         warnings.warn(
@@ -853,6 +854,42 @@ def _warn_continuous_options(cfg: TrainConfig, env: BatchedEnv) -> None:
             f"'{cfg.env.name}' acts in discrete actions, so they change nothing",
             stacklevel=3,
         )
+
+
+# Settings that only act on one kind of action: (section, key, kind it acts on).
+_ACTION_KIND_KEYS = {
+    "ppo": [
+        ("model", "action_bounds", "continuous"),
+        ("model", "log_std_init", "continuous"),
+        ("model", "state_dependent_std", "continuous"),
+    ],
+    "maddpg": [
+        ("algo", "action_noise", "continuous"),
+        ("algo", "actor_reg", "continuous"),
+        ("algo", "gumbel_temperature", "discrete"),
+        ("algo", "epsilon_start", "discrete"),
+        ("algo", "epsilon_finish", "discrete"),
+        ("algo", "epsilon_anneal_steps", "discrete"),
+        ("algo", "epsilon_schedule", "discrete"),
+    ],
+}
+
+
+def _warn_unused_by_actions(cfg: TrainConfig, env: BatchedEnv) -> None:
+    """Warn where a setting changed from its default acts on a kind of action (continuous or
+    discrete) that no group of ``env`` has: the run trains as if it were not set (a sweep
+    over ``algo.action_noise`` on a discrete env would train one run under several names)."""
+    kinds = {"continuous" if g.action.continuous else "discrete" for g in env.spec.groups.values()}
+    for section, key, kind in _ACTION_KIND_KEYS.get(cfg.family, []):
+        part = getattr(cfg, section)
+        default = getattr(type(part)(), key)
+        if kind not in kinds and getattr(part, key) != default:
+            warnings.warn(
+                f"{section}.{key}={getattr(part, key)!r} has no effect: it acts on {kind} "
+                f"actions, and every group of '{cfg.env.name}' acts in "
+                f"{'a box' if kind == 'discrete' else 'discrete actions'}",
+                stacklevel=3,
+            )
 
 
 _LARGE_OBSERVATION = 10_000
