@@ -190,6 +190,10 @@ def test_marl_eval_export_layout(tmp_path):
     assert sorted(runs) == ["seed_1", "seed_2"]
     assert runs["seed_2"]["step_1"] == {"step_count": 2000, "return": [-140.0]}
     assert runs["seed_1"]["absolute_metrics"] == {"return": [-150.0]}
+    # another metric keeps its own name: marl-eval's readers take "return" for a return
+    other = marl_eval(group_runs(find_runs([tmp_path])), "train/episode_return")
+    seed_1 = other["mpe"]["simple_spread"]["mpe/simple_spread_fast rmappo"]["seed_1"]
+    assert seed_1["absolute_metrics"] == {"episode_return": [-151.0]}
 
 
 def test_cli_report_plot_and_their_errors(tmp_path, capsys):

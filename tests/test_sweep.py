@@ -790,3 +790,11 @@ def test_a_sweep_of_two_tasks_plots_each_task_s_default_metric(tmp_path, monkeyp
         ("smac/3m", "eval/eval_battle_won"),
     ]
     assert (tmp_path / "sw" / "curves.png").is_file()
+
+
+def test_a_run_dir_in_a_spec_is_refused(tmp_path):
+    """Each trial's folder is the sweep's: a run_dir would be written into the trials' configs
+    without being where they trained."""
+    body = "presets: [TINY]\nseeds: [1]\noverrides: {run_dir: elsewhere}\n"
+    with pytest.raises(S.SweepError, match="sets 'run_dir', which the sweep sets for each trial"):
+        S.load_spec(str(_write_spec(tmp_path, body)), tmp_path / "sw")

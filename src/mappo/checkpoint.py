@@ -165,7 +165,11 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             + fix.replace("it may be truncated: ", "")
         )
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # torch's advice to report a pickle protocol it was not written with: a file that
+            # is no checkpoint of ours gets the refusal below, not a request to file an issue
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            data = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unpickling failure means the same to the user
         raise CheckpointError(
             f"'{path}' is not a readable mappo checkpoint ({type(err).__name__}); {fix}"
@@ -305,8 +309,9 @@ def load_latest(run_dir: str | Path) -> tuple[Path, dict[str, Any]]:
         return path, data
     newest = reasons[0].removesuffix(f"; {_OLDER}")
     raise CheckpointError(
-        f"no usable checkpoint in '{run_dir / 'checkpoints'}' ({len(ckpts)} files, none "
-        f"readable; the newest: {newest}): the run cannot be resumed or evaluated, start it again"
+        f"no usable checkpoint in '{run_dir / 'checkpoints'}' ({len(ckpts)} "
+        f"{'file' if len(ckpts) == 1 else 'files'}, none readable; the newest: {newest}): "
+        "the run cannot be resumed or evaluated, start it again"
     )
 
 

@@ -608,6 +608,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     rows = report_rows(configs, args.metric, target=args.target, window=window)
     table = FORMATS[args.format](rows)
     if args.marl_eval:  # written first: an unwritable path fails before anything is printed
+        if args.marl_eval.is_dir():
+            raise ResultsError(
+                f"--marl-eval names a file to write, and '{args.marl_eval}' is a folder; give "
+                "a file name such as results.json"
+            )
         args.marl_eval.write_text(
             json.dumps(marl_eval(configs, args.metric), indent=2), encoding="utf-8"
         )

@@ -1085,6 +1085,8 @@ def _check_stackable(cfgs: list[TrainConfig], names: list[str]) -> None:
     for name, cfg in zip(names[1:], cfgs[1:], strict=True):
         other = _comparable(cfg)
         diff = sorted(k for k in first.keys() | other.keys() if first.get(k) != other.get(k))
+        # the algorithm first: its fields differ because it does (mappo's vs maddpg's keys)
+        diff.sort(key=lambda k: k != "algo.name")
         if diff:
             raise config_mod.ConfigError(
                 f"run '{name}' differs from '{names[0]}' in config field '{diff[0]}'; only "

@@ -25,6 +25,7 @@ import numpy as np
 
 from mappo import config as config_mod
 from mappo.experiments.runs import (
+    RETURN,
     WIN_RATE,
     Configuration,
     ResultsError,
@@ -363,14 +364,17 @@ def marl_eval(configs: list[Configuration], metric: str | None = None) -> dict[s
     ``env``/``task`` split the env name at its first ``/`` (``smac``/``3m``); the algorithm is
     the configuration's label; runs are ``seed_<k>``. mappo logs the mean of each evaluation,
     not its episodes, so every list holds that one mean; the metric is ``win_rate`` for battle
-    wins and ``return`` otherwise. ``absolute_metrics`` is the final evaluation.
+    wins, ``return`` for the return, and any other metric under its own name without the
+    ``eval/eval_`` prefix (``eval_hits`` as ``hits``: marl-eval's readers treat ``return`` as a
+    return). ``absolute_metrics`` is the final evaluation.
     """
     if metric is not None:
         metric = check_metric([r for c in configs for r in c.runs], metric)
     out: dict[str, Any] = {}
     for conf in configs:
         column = metric or default_metric(conf.runs)
-        name = "win_rate" if column == WIN_RATE else "return"
+        name = {WIN_RATE: "win_rate", RETURN: "return"}.get(column)
+        name = name or column.split("/")[-1].removeprefix("eval_")
         env, _, task = conf.task.partition("/")
         algo = out.setdefault(env, {}).setdefault(task or env, {}).setdefault(conf.label, {})
         for run in with_values(conf, column):

@@ -192,7 +192,13 @@ def read_run(path: Path) -> RunRecord:
         reader = csv.DictReader(io.StringIO(complete_rows(path / "metrics.csv"), newline=""))
         names = list(reader.fieldnames or [])
         rows = list(reader)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, csv.Error) as err:
+    except yaml.YAMLError as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ResultsError(
+            f"cannot read run '{path}': its config.yaml is not valid YAML ({first}); repair "
+            "or remove that run, or name the other runs only"
+        ) from None
+    except (OSError, UnicodeDecodeError, csv.Error) as err:
         raise ResultsError(f"cannot read run '{path}': {err}") from None
     if not isinstance(data, dict):
         raise ResultsError(

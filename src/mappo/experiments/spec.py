@@ -292,6 +292,11 @@ def _expand(spec: SweepSpec, root: Path, path: Path) -> list[Trial]:
                     check_name(cfg.env.name)
                 except EnvError as err:
                     raise SweepError(f"trial {trial_id} of '{path}': {err}") from None
+                if "run_dir" in own:  # the sweep puts each trial's folder itself
+                    raise SweepError(
+                        f"trial {trial_id} of '{path}' sets 'run_dir', which the sweep sets for "
+                        "each trial (its folder under the sweep's --dir); drop it"
+                    )
                 if cfg.num_seeds > 1:
                     raise SweepError(
                         f"trial {trial_id} of '{path}' sets num_seeds={cfg.num_seeds}, but a "
