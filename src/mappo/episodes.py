@@ -184,8 +184,8 @@ class EpisodeCollector:
             warnings.warn(
                 f"the groups {groups} of {env.name} get different rewards, and the algorithms "
                 "on whole episodes (IQL, VDN, QMIX, COMA, MADDPG, FACMAC) learn one team reward, "
-                "the mean over every agent (PyMARL's common reward): opposing groups are trained on "
-                "each other's rewards; train competing groups with algo.name=mappo, which keeps "
+                "the mean over every agent (PyMARL's common reward): opposing groups are trained "
+                "on each other's rewards; train competing groups with algo.name=mappo, which keeps "
                 "each group's own reward",
                 stacklevel=2,
             )
