@@ -798,3 +798,14 @@ def test_a_run_dir_in_a_spec_is_refused(tmp_path):
     body = "presets: [TINY]\nseeds: [1]\noverrides: {run_dir: elsewhere}\n"
     with pytest.raises(S.SweepError, match="sets 'run_dir', which the sweep sets for each trial"):
         S.load_spec(str(_write_spec(tmp_path, body)), tmp_path / "sw")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_a_sweep_on_cuda_without_a_gpu_is_refused_before_any_trial(tmp_path, capsys):
+    body = "presets: [TINY]\nseeds: [1, 2]\noverrides: {device: cuda}\n"
+    sweep_dir = tmp_path / "sw"
+    argv = ["sweep", str(_write_spec(tmp_path, body)), "--dir", str(sweep_dir), "--backend"]
+    assert main([*argv, "serial"]) == 2
+    err = capsys.readouterr().err
+    assert "trains on device=cuda, but no CUDA device is available here" in err
+    assert not any(sweep_dir.rglob("config.yaml"))  # no trial folder was written

@@ -505,6 +505,28 @@ def cmd_bench_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_sweep_devices(spec: Any, path: str) -> None:
+    """Refuse a sweep whose trials ask for CUDA on a machine without it, before any trial
+    folder is written (each trial would fail the same way). Not for a Ray cluster given by
+    ``--address``, whose nodes may have the GPUs this machine lacks."""
+    import torch
+
+    from mappo.experiments.spec import SweepError
+
+    if torch.cuda.is_available():
+        return
+    for trial in spec.trials:
+        device = str(trial.overrides.get("device", ""))
+        if not device:
+            device = config_mod.load(trial.preset, trial.overrides, refuse_unread=False).device
+        if device.startswith("cuda"):
+            raise SweepError(
+                f"trial {trial.id} of '{path}' trains on device={device}, but no CUDA device "
+                "is available here; set device: cpu in the spec's overrides, or run the sweep "
+                "on a Ray cluster with GPUs (--address)"
+            )
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from mappo.experiments.sweep import (
         FINISHED,
@@ -520,6 +542,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec, args.dir)
     if args.stack_seeds is not None:  # the flag wins over the spec's stack_seeds
         spec = dataclasses.replace(spec, stack_seeds=args.stack_seeds)
+    if args.address is None:  # the trials run on this machine: its devices must serve them
+        _check_sweep_devices(spec, args.spec)
     if args.dry_run:
         check_folder(spec)  # the refusals the sweep itself would give
         plans = {t.id: trial_plan(t) for t in spec.trials}
