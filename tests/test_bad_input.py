@@ -227,6 +227,11 @@ CASES = [
         "argument --seed: must be a whole number from 0 to 2**32 - 1",
     ),
     Case(
+        "gif-where-nothing-is-written",  # (os.access says yes to a root user on /proc)
+        lambda c: ["render", "mpe/simple_spread", "--gif", "/proc/x.gif"],
+        "--gif: cannot write",
+    ),
+    Case(
         "eval-scripted-other-env",
         lambda c: ["eval", "--scripted", "mpe/simple_spread"],
         "--scripted plays a built-in scripted player on an env, smac/<map> or hanabi/<variant>",

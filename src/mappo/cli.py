@@ -404,6 +404,20 @@ def _check_gif_path(path: Path) -> None:
         raise config_mod.ConfigError(f"--gif: folder '{parent}' does not exist; create it first")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise config_mod.ConfigError(f"--gif: cannot write '{path}' (permission denied)")
+    # The GIF is written beside it first (name.gif.part) and then renamed: try that file now,
+    # which os.access cannot judge for every file system (a root user on /proc, a full disk)
+    partial = path.with_name(path.name + ".part")
+    existed = partial.exists()
+    try:
+        with open(partial, "ab"):
+            pass
+    except OSError as err:
+        raise config_mod.ConfigError(
+            f"--gif: cannot write '{path}' ({err.strerror or type(err).__name__}); name a "
+            "file in a folder you can write"
+        ) from None
+    if not existed:
+        partial.unlink(missing_ok=True)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
