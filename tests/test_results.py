@@ -594,3 +594,19 @@ def test_a_grid_point_whose_seeds_all_diverged_before_evaluating_gets_its_row(tm
     assert main(["report", str(tmp_path), "--target", "-120"]) == 0
     out = capsys.readouterr().out
     assert "| 0 | 0 / 2 (2 diverged) |" in out and "| 0 / 2 |" in out
+
+
+def test_text_in_a_number_column_is_named_by_report_and_plot(tmp_path, capsys):
+    """A damaged metrics.csv (text where numbers are) used to read as a run that had not
+    evaluated yet (report) or as nothing at all (plot drew an empty figure, exit 0)."""
+    run = _fake_run(tmp_path, 1, [(1000, -200.0), (2000, -150.0)])
+    lines = (run / "metrics.csv").read_text().splitlines()
+    lines[2] = "abc" + lines[2][lines[2].index(",") :]
+    (run / "metrics.csv").write_text("\n".join(lines) + "\n")
+    for argv in (
+        ["report", str(tmp_path)],
+        ["plot", str(tmp_path), "--out", str(tmp_path / "p.svg")],
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "has 'abc' in its column 'env_steps' (line 3), which is no number" in err

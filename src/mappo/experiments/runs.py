@@ -185,6 +185,15 @@ def _float(text: str) -> float:
         return math.nan
 
 
+def _is_number(text: str) -> bool:
+    """Whether ``text`` is empty or a number (``nan`` and ``inf`` included, as logged)."""
+    try:
+        float(text) if text.strip() else None
+    except ValueError:
+        return False
+    return True
+
+
 def read_run(path: Path) -> RunRecord:
     """One run directory: ``config.yaml`` (safe YAML), ``metrics.csv`` and ``summary.json``."""
     try:
@@ -215,6 +224,13 @@ def read_run(path: Path) -> RunRecord:
     for name in names:
         texts = [r.get(name) or "" for r in rows]
         columns[name] = np.array([_float(t) for t in texts])
+        for k in np.flatnonzero(~np.isfinite(columns[name])):  # (empty, nan, inf or text)
+            if not _is_number(texts[k]):
+                raise ResultsError(
+                    f"'{path / 'metrics.csv'}' has {texts[k].strip()!r} in its column '{name}' "
+                    f"(line {k + 2}), which is no number: the file is damaged; repair that "
+                    "line, or leave the run out"
+                )
         written = sum(1 for t in texts if t.strip())
         if written > np.isfinite(columns[name]).sum():
             nonfinite[name] = int(written - np.isfinite(columns[name]).sum())
