@@ -149,6 +149,23 @@ def test_the_actor_loss_takes_every_agents_action_from_its_actor_at_once():
     assert head is not None and float(head.abs().sum()) > 0
 
 
+def test_a_dead_agents_actor_gets_no_gradient():
+    """Where an agent is dead its stored action stands in for its actor's: nothing it does
+    there reaches the team (no action mask forces Spread's agents to a no-op, as none would
+    in a box), so its actor is not trained on those steps."""
+    cfg = C.load("mpe/simple_spread_maddpg", {"algo.name": "facmac", "model.share_params": False})
+    with make("mpe/simple_spread", num_envs=1) as env:
+        spec = env.spec
+    torch.manual_seed(0)
+    nets = MaddpgNetworks(spec, cfg.model, cfg.algo)
+    b = _batch()
+    b.alive["agents"][:, :, 2] = False  # the third agent dead throughout
+    facmac_actor_loss(nets, b, cfg.algo, torch.Generator().manual_seed(1)).backward()
+    head = nets.agents["agents"].head.weight.grad  # [copies, in, out]: one copy per agent
+    assert float(head[2].abs().sum()) == 0.0
+    assert float(head[0].abs().sum()) > 0 and float(head[1].abs().sum()) > 0
+
+
 def test_an_update_steps_the_critic_on_its_loss_and_the_actors_on_theirs():
     """The actor step leaves the critic's weights where its own step put them."""
     nets, cfg = _networks()
@@ -288,3 +305,8 @@ def test_facmac_learns_to_reach_in_a_box_beside_a_discrete_group(tmp_path):
     over |= {"algo.mixer": "qmix_nonmonotonic"}
     run = train("mpe/simple_spread_maddpg", over)
     assert run.summary["eval_return_mean"] > 0.0
+
+
+def test_a_hypernetwork_width_with_one_layer_is_refused():
+    with pytest.raises(C.ConfigError, match="algo.hypernet_layers is 1"):
+        C.load("mpe/simple_spread_facmac", {"algo.hypernet_layers": 1, "algo.hypernet_embed": 32})

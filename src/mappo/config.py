@@ -1289,6 +1289,14 @@ def unread(cfg: TrainConfig, given: set[str]) -> list[tuple[str, str]]:
                     (f"algo.{key}", "sizes the mixing network, which algo.mixer=vdn (a sum) "
                      "does not have; set algo.mixer=qmix or drop it")
                 )  # fmt: skip
+    mixes = isinstance(algo, ValueConfig) or (
+        isinstance(algo, MaddpgConfig) and algo.name == "facmac" and algo.mixer != "vdn"
+    )
+    if mixes and "algo.hypernet_embed" in given and algo.hypernet_layers == 1:
+        out.append(
+            ("algo.hypernet_embed", "is the hidden width of two-layer hypernetworks, and "
+             "algo.hypernet_layers is 1; set algo.hypernet_layers=2 or drop it")
+        )  # fmt: skip
     if isinstance(algo, ValueConfig):
         for key in ("n_step", "td_lambda"):
             if f"algo.{key}" in given and algo.targets != key:

@@ -664,8 +664,10 @@ def _network_memory_problem(
         for group in spec.groups.values():  # mixer's hypernetworks the state
             copies = 1 if m.share_params else group.num_agents
             weights += (math.prod(group.obs_shape) + group.action.total) * width * copies
-        hyper = getattr(cfg.algo, "hypernet_embed", 0) if cfg.algo.mixer != "vdn" else 0
-        weights += math.prod(spec.state_shape) * hyper
+        hyper = cfg.algo.hypernet_embed
+        if cfg.algo.hypernet_layers == 1:  # the first layer makes every agent's weights
+            hyper = cfg.algo.mixing_embed_dim * spec.num_agents
+        weights += math.prod(spec.state_shape) * (hyper if cfg.algo.mixer != "vdn" else 0)
     weights *= seeds
     need = 16 * weights
     if need <= _NETWORK_SHARE * free:
@@ -923,10 +925,19 @@ def _warn_large_observations(cfg: TrainConfig, env: BatchedEnv) -> None:
     elif algo == "maddpg":  # its critic reads the state flat, whatever the actors' encoder
         fix = "algo.name=mappo with algo.critic_input=local"
         _warn_large_input(cfg, spec, f"MADDPG's critic on {where} reads", state, first, fix, False)
-    elif algo == "facmac" and cfg.algo.mixer != "vdn":  # the mixer's hypernetworks
-        fix = "algo.mixer=vdn mixes without the state"
-        width = cfg.algo.hypernet_embed
-        _warn_large_input(cfg, spec, f"FACMAC's mixer on {where} reads", state, width, fix, False)
+    elif algo == "facmac":
+        if m.encoder == "cnn":  # its utilities read each observation flat, beside the action
+            for name, group in spec.groups.items():
+                what = f"FACMAC's utilities of group '{name}' of {where} read"
+                shape = tuple(group.obs_shape)
+                _warn_large_input(cfg, spec, what, shape, first, "", False, " per agent")
+        if cfg.algo.mixer != "vdn":  # the mixer's hypernetworks
+            fix = "algo.mixer=vdn mixes without the state"
+            width = cfg.algo.hypernet_embed
+            if cfg.algo.hypernet_layers == 1:  # (the first layer makes every agent's weights)
+                width = cfg.algo.mixing_embed_dim * spec.num_agents
+            what = f"FACMAC's mixer on {where} reads"
+            _warn_large_input(cfg, spec, what, state, width, fix, False)
 
 
 def _conv_reads(cfg: TrainConfig, spec: Any, shape: tuple[int, ...]) -> int | None:

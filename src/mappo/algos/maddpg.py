@@ -202,10 +202,18 @@ def facmac_actor_loss(
     cfg: MaddpgConfig,
     generator: torch.Generator | None,
 ) -> Tensor:
-    """``-Q_tot`` of every agent's action from its current actor at once (a Gumbel-softmax
-    sample; in a box the deterministic action), averaged over the filled steps."""
+    """``-Q_tot`` of every living agent's action from its current actor at once (a
+    Gumbel-softmax sample; in a box the deterministic action; a dead agent's as stored),
+    averaged over the filled steps."""
     outputs = online.unroll(batch.obs, batch.actions)  # [T + 1, B, n, A] per group
     actions = _policy_actions(online, outputs, batch, cfg, generator)  # [T, B, n, A]
+    # a dead agent's action as stored: its actor is not trained where it acts on nothing (an
+    # action mask may not force it to a no-op, and a box has none)
+    stored = online.features(batch.actions)
+    actions = {
+        name: torch.where(batch.alive[name][:-1].unsqueeze(-1), u, stored[name][:-1])
+        for name, u in actions.items()
+    }
     obs = {name: x[:-1] for name, x in batch.obs.items()}
     q = online.critic(obs, actions, batch.state[:-1])  # [T, B]
     filled = batch.filled[:-1]
