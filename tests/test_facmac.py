@@ -295,7 +295,7 @@ def test_facmac_learns_the_toy_task_with_masks_and_deaths(tmp_path):
 
 def test_facmac_learns_to_reach_in_a_box_beside_a_discrete_group(tmp_path):
     """toy/reach as in MADDPG's test: untrained policies score -3.5 to -5.5, trained above 0.
-    With the non-monotonic mixer (1.1-1.35 on seeds 1-3 here); the monotonic one and VDN stay
+    With the non-monotonic mixer (1.06-1.35 on seeds 1-3 here); the monotonic one and VDN stay
     near 0 (-0.7 to 0.1) within this budget."""
     over = {**TINY, "env.name": "toy/reach", "env.kwargs": {"mixed": True}, "env.num_envs": 16}
     over |= {"total_env_steps": 16 * 8 * 50, "algo.batch_size": 32, "algo.buffer_size": 512}
