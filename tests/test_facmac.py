@@ -21,10 +21,11 @@ from mappo.data import ActionSpec, EnvSpec, EpisodeBatch, GroupSpec
 from mappo.envs import make
 from mappo.nn.maddpg import FactoredCritic, MaddpgNetworks
 from mappo.nn.q_agents import QMixer, VDNMixer
-from mappo.trainer import load_checkpoint, resume, train
+from mappo.trainer import train
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_maddpg import _batch as spread_batch  # noqa: E402
+from test_maddpg import resume_equals_uninterrupted  # noqa: E402
 from toy_env import register_toy  # noqa: E402
 
 register_toy()
@@ -265,17 +266,7 @@ def test_facmac_with_two_groups_recurrent_actors_and_a_critic_per_agent(tmp_path
 
 def test_facmac_resume_equals_uninterrupted(tmp_path):
     over = {**TINY, "algo.standardise_rewards": True, "algo.td_lambda": 0.8}
-    full = train("mpe/simple_spread_maddpg", {**over, "run_dir": str(tmp_path / "a")})
-    part = train("mpe/simple_spread_maddpg", {**over, "run_dir": str(tmp_path / "b")})
-    first, *later = sorted((part.dir / "checkpoints").glob("iter_*.pt"))
-    assert later and load_checkpoint(first)["learner"]["buffer"] is not None
-    for p in later:
-        p.unlink()
-    resumed = resume(part.dir)
-    a, b = full.policy.state_dict(), resumed.policy.state_dict()
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
-    assert resumed.summary["eval_return_mean"] == full.summary["eval_return_mean"]
+    resume_equals_uninterrupted(over, tmp_path)
 
 
 def test_facmac_learns_the_toy_task_with_masks_and_deaths(tmp_path):

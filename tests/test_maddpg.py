@@ -287,8 +287,9 @@ def test_maddpg_with_two_action_heads(tmp_path):
     torch.testing.assert_close(sample.detach().sum(-1), torch.full((4000, 2), 2.0))
 
 
-def test_maddpg_resume_equals_uninterrupted(tmp_path):
-    over = {**TINY, "algo.standardise_rewards": True}
+def resume_equals_uninterrupted(over: dict, tmp_path: Path) -> None:
+    """A run resumed from its first checkpoint (the later ones removed) ends with the same
+    parameters and final evaluation as one never interrupted."""
     full = train("mpe/simple_spread_maddpg", {**over, "run_dir": str(tmp_path / "a")})
     part = train("mpe/simple_spread_maddpg", {**over, "run_dir": str(tmp_path / "b")})
     first, *later = sorted((part.dir / "checkpoints").glob("iter_*.pt"))
@@ -300,6 +301,10 @@ def test_maddpg_resume_equals_uninterrupted(tmp_path):
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
     assert resumed.summary["eval_return_mean"] == full.summary["eval_return_mean"]
+
+
+def test_maddpg_resume_equals_uninterrupted(tmp_path):
+    resume_equals_uninterrupted({**TINY, "algo.standardise_rewards": True}, tmp_path)
 
 
 def test_maddpg_learns_the_toy_task_with_masks_and_deaths(tmp_path):
