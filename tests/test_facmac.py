@@ -24,26 +24,15 @@ from mappo.nn.q_agents import QMixer, VDNMixer
 from mappo.trainer import train
 
 sys.path.insert(0, str(Path(__file__).parent))
+from test_maddpg import TINY as MADDPG_TINY  # noqa: E402
 from test_maddpg import _batch as spread_batch  # noqa: E402
 from test_maddpg import resume_equals_uninterrupted  # noqa: E402
 from toy_env import register_toy  # noqa: E402
 
 register_toy()
 
-TINY = {
-    "algo.name": "facmac",
-    "env.num_envs": 4,
-    "total_env_steps": 4 * 25 * 6,
-    "algo.batch_size": 4,
-    "algo.buffer_size": 16,
-    "algo.updates_per_iteration": 2,
-    "eval_episodes": 4,
-    "eval_interval": 3,
-    "log_interval": 1,
-    "checkpoint_interval": 2,
-    "progress": False,
-    "threads": 1,
-}
+# MADDPG's tiny runs, as FACMAC (the name first: setting it resets the algo section)
+TINY = {"algo.name": "facmac", **MADDPG_TINY}
 
 
 def _networks(**algo: object) -> tuple[MaddpgNetworks, C.TrainConfig]:
