@@ -176,6 +176,20 @@ def test_every_preset_s_saved_config_trains_again(tmp_path) -> None:
         assert C.to_dict(again) == {**C.to_dict(cfg), "seed": 2}, name
 
 
+def test_a_saved_run_whose_overrides_left_a_preset_setting_unread_trains_again(tmp_path) -> None:
+    # The preset's 128-step chunks are unread once the run turns the GRU off: the preset's
+    # setting, not the user's; a value other than the preset's in that file is the user's.
+    cfg = C.load("mpe/simple_spread_jaxmarl_rnn", ["model.recurrent=none"])
+    C.save(cfg, tmp_path / "config.yaml")
+    assert C.to_dict(C.load(str(tmp_path / "config.yaml"))) == C.to_dict(cfg)
+    text = (tmp_path / "config.yaml").read_text()
+    (tmp_path / "mine.yaml").write_text(
+        text.replace("data_chunk_length: 128", "data_chunk_length: 64")
+    )
+    with pytest.raises(C.ConfigError, match=r"'algo.data_chunk_length' cuts .*mine.yaml"):
+        C.load(str(tmp_path / "mine.yaml"))
+
+
 def test_a_setting_a_users_file_makes_that_the_run_never_reads_is_refused(tmp_path) -> None:
     path = tmp_path / "mine.yaml"
     path.write_text("base: mpe/simple_spread_qmix\nalgo:\n  n_step: 5\n")
@@ -210,6 +224,7 @@ def test_a_file_that_changes_the_env_of_a_saved_run_is_not_that_run_s_preset(tmp
     [
         (["algo.value_loss=mse", "algo.huber_delta=2"], "'algo.huber_delta' is the Huber loss's"),
         (["algo.clip_value_loss=false", "algo.value_clip=0.1"], "'algo.value_clip' clips the"),
+        (["model.recurrent=none", "algo.data_chunk_length=5"], "'algo.data_chunk_length' cuts"),
     ],
 )
 def test_mappo_settings_that_another_setting_leaves_unread_are_refused(overrides, message):

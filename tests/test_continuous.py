@@ -195,7 +195,7 @@ def test_training_forward_reproduces_the_rollout_with_continuous_actions(
             "model.log_std_init": -0.5,
             "algo.critic_input": critic,
             "algo.value_norm": "popart",
-            "algo.data_chunk_length": 5,
+            **({} if recurrent == "none" else {"algo.data_chunk_length": 5}),
         },
     )
     trainer = Trainer(cfg)

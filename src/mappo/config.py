@@ -1181,6 +1181,11 @@ def load(
             if cfg.env.name != env_before and "preset" not in data:
                 cfg.preset = ""  # another env than its base's preset (a saved run's, say)
             if not Path(where).resolve().is_relative_to(presets):
+                saved = data.get("preset")  # a run's saved config.yaml names its preset
+                if isinstance(saved, str) and saved in list_presets():
+                    # Its values that are the preset's are the library's, not the user's: a
+                    # preset's setting that the run's overrides made unread is no mistake.
+                    before = _flatten(to_dict(load(saved, refuse_unread=False)))
                 changed_by_file.append((where, _changed(cfg, before, data)))
         if not source.endswith((".yaml", ".yml")) and not Path(source).is_file():
             cfg.preset = source
@@ -1319,6 +1324,11 @@ def unread(cfg: TrainConfig, given: set[str]) -> list[tuple[str, str]]:
             out.append(
                 ("algo.huber_delta", f"is the Huber loss's delta, but algo.value_loss is "
                  f"{algo.value_loss!r}; set algo.value_loss=huber or drop it")
+            )  # fmt: skip
+        if "algo.data_chunk_length" in given and cfg.model.recurrent == "none":
+            out.append(
+                ("algo.data_chunk_length", "cuts a recurrent network's training sequences, and "
+                 "model.recurrent is 'none'; set model.recurrent=gru or drop it")
             )  # fmt: skip
         if "algo.value_clip" in given and not algo.clip_value_loss:
             out.append(
