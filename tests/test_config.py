@@ -76,7 +76,8 @@ def test_another_env_gets_only_the_kwargs_of_the_overrides(tmp_path) -> None:
     assert C.load("vmas/balance", swap).env.kwargs == {"n_agents": 2}  # replaced as a whole
     # Another env of the same family takes the same parameters: the preset's stay.
     cfg = C.load("smac/3s5z_fast", ["env.name=smac/MMM"])
-    assert cfg.env.kwargs == {"regeneration_reward": False} and cfg.preset == ""
+    kwargs = {"regeneration_reward": False, "obs_last_action": False, "obs_agent_id": False}
+    assert cfg.env.kwargs == kwargs and cfg.preset == ""
     cfg = C.load("vmas/balance", ["env.name=vmas/balance", "env.kwargs.n_agents=2"])
     assert cfg.env.kwargs["package_mass"] == 5 and cfg.env.kwargs["n_agents"] == 2
     # the bare name of env.kwargs, a YAML file over a preset, the adapters' worker options

@@ -91,11 +91,17 @@ def _ref_obs(env: SMACEnv, st: dict[str, torch.Tensor], e: int, i: int) -> list[
             out.append(shield[u] / kind.shield if kind.shield else 0.0)
         return out + [float(kind.name == t) for t in types]
 
+    # The MAPPO paper's options (its StarCraft2_Env): a unit's last action after its features,
+    # for each visible ally and the agent itself, and the agent's one-hot id at the end.
+    A = env.n_actions
+    last = [[float(a == k) for k in range(A)] for a in st["last_action"][e].tolist()]
+    last_len = A if env.obs_last_action else 0
+    agent_id = [float(k == i) for k in range(n)] if env.obs_agent_id else []
     nf_e = 4 + 1 + enemy_sh + len(types)
-    nf_a = 4 + 1 + ally_sh + len(types)
-    own_len = 1 + ally_sh + len(types)
+    nf_a = 4 + 1 + ally_sh + len(types) + last_len
+    own_len = 1 + ally_sh + len(types) + last_len
     if health[i] <= 0:
-        return [0.0] * (4 + m * nf_e + (n - 1) * nf_a + own_len)
+        return [0.0] * (4 + m * nf_e + (n - 1) * nf_a + own_len) + agent_id
     avail = _ref_avail(env, st, e, i)
     out = [float(a) for a in avail[2:6]]
     for j in range(m):
@@ -112,10 +118,10 @@ def _ref_obs(env: SMACEnv, st: dict[str, torch.Tensor], e: int, i: int) -> list[
         d = math.dist(pos[i], pos[u])
         if d < 9 and health[u] > 0:
             dx, dy = pos[u][0] - pos[i][0], pos[u][1] - pos[i][1]
-            out += [1.0, d / 9, dx / 9, dy / 9] + unit_feats(u, ally_sh)
+            out += [1.0, d / 9, dx / 9, dy / 9] + unit_feats(u, ally_sh) + last[u][:last_len]
         else:
             out += [0.0] * nf_a
-    return out + unit_feats(i, ally_sh)
+    return out + unit_feats(i, ally_sh) + last[i][:last_len] + agent_id
 
 
 def _ref_state(env: SMACEnv, st: dict[str, torch.Tensor], e: int) -> list[float]:
@@ -201,6 +207,8 @@ def test_bad_names_and_parameters_raise() -> None:
         make("smac/3m", num_envs=0)
     with pytest.raises(EnvError, match="agent_state must be true or false"):
         make("smac/3m", agent_state="no")
+    with pytest.raises(EnvError, match="obs_last_action must be true or false"):
+        make("smac/3m", obs_last_action=1)
 
 
 def test_agent_state_can_be_left_out() -> None:
@@ -243,9 +251,17 @@ def test_bad_actions_raise() -> None:
 
 
 # -- interface against the reference ------------------------------------------------------------
-@pytest.mark.parametrize("name", ["3m", "2s3z", "MMM2", "2m_vs_1z", "corridor"])
-def test_masks_observations_and_state_match_smac(name: str) -> None:
-    env = _env(name, num_envs=3, seed=1)
+@pytest.mark.parametrize(
+    ("name", "paper_obs"),
+    [("3m", False), ("2s3z", False), ("MMM2", False), ("2m_vs_1z", False), ("corridor", False),
+     ("3m", True), ("MMM2", True)],
+)  # fmt: skip
+def test_masks_observations_and_state_match_smac(name: str, paper_obs: bool) -> None:
+    options = {"obs_last_action": paper_obs, "obs_agent_id": paper_obs}
+    env = _env(name, num_envs=3, seed=1, **options)
+    if paper_obs:  # the sizes of the paper's env (its 3m: 60 values)
+        size = SMAC_SIZES[name][0] + env.n_agents * (env.n_actions + 1)
+        assert env.spec.groups["allies"].obs_shape == (size,)
     gen = torch.Generator().manual_seed(0)
     step = env.reset()
     checked_dead = checked_attack = False
@@ -265,7 +281,9 @@ def test_masks_observations_and_state_match_smac(name: str) -> None:
                 assert torch.equal(agent_state, expected)
                 if step.final_obs is not None:  # the pre-reset one, built when read
                     assert step.final_state is not None
-                    final_alive = bool(step.final_obs["allies"][e, i].abs().sum() > 0)
+                    final = step.final_obs["allies"][e, i]  # (a dead agent's: zeros but its id)
+                    final = final[: final.numel() - env.n_agents * env.obs_agent_id]
+                    final_alive = bool(final.abs().sum() > 0)
                     expected = torch.cat(
                         (
                             step.final_state[e] * final_alive,

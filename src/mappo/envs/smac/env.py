@@ -111,7 +111,11 @@ class SMACEnv(BatchedEnv):
       by the sight range 9), health / max, shield / max (if the enemies are Protoss), unit-type
       one-hot (``t`` types); per other ally: visible, distance, relative x, y, health, shield,
       type; own health, shield, type. Units out of sight or dead are all zeros; a dead agent's
-      whole observation is zeros. ``s_a``, ``s_e`` are 1 for a Protoss side, else 0.
+      whole observation is zeros. ``s_a``, ``s_e`` are 1 for a Protoss side, else 0. With
+      ``obs_last_action`` each other ally's block (while it is visible) and the agent's own
+      part (while it lives) end with that unit's last action one-hot (``6 + m`` more values
+      each); with ``obs_agent_id`` the observation ends with the agent's one-hot id (``n``
+      values, a dead agent's too), as in the MAPPO paper's SMAC env.
     - global state ``[n * (4 + s_a + t) + m * (3 + s_e + t) + n * (6 + m)]``: per ally health,
       weapon cooldown / SMAC's max cooldown (energy / 200 for a medivac), x, y relative to the map
       centre / map size, shield, type; per enemy health, x, y, shield, type (all zeros for a
@@ -144,6 +148,9 @@ class SMACEnv(BatchedEnv):
             ``False`` leaves it out (``agent_state_shape`` is ``None``): a critic on the global
             state (``algo.critic_input=state``) or on observations does not need it, and on the
             larger maps building it is a large share of the step.
+        obs_last_action, obs_agent_id: the observation's last actions and one-hot id (above).
+            SMAC's own defaults are ``False``; the MAPPO paper's copy of SMAC's env turns both
+            on (its ``StarCraft2_Env``), and the ``smac/<map>`` MAPPO presets do so too.
     """
 
     def __init__(
@@ -158,6 +165,8 @@ class SMACEnv(BatchedEnv):
         reward_scale_rate: float = 20.0,
         regeneration_reward: bool = True,
         agent_state: bool = True,
+        obs_last_action: bool = False,
+        obs_agent_id: bool = False,
     ) -> None:
         self.name = f"smac/{map_name}"
         self.map: MapSpec = get_map(map_name)
@@ -181,12 +190,16 @@ class SMACEnv(BatchedEnv):
             ("reward_only_positive", reward_only_positive),  # ('false' read as true)
             ("regeneration_reward", regeneration_reward),
             ("agent_state", agent_state),
+            ("obs_last_action", obs_last_action),
+            ("obs_agent_id", obs_agent_id),
         ):
             if not isinstance(flag, bool):
                 raise EnvError(f"{self.name}: {key} must be true or false, got {flag!r}")
         self.reward_only_positive = reward_only_positive
         self.regeneration_reward = regeneration_reward
         self.with_agent_state = agent_state
+        self.obs_last_action = obs_last_action
+        self.obs_agent_id = obs_agent_id
 
         ally_types = self.map.ally_units()
         enemy_types = self.map.enemy_units()
@@ -201,6 +214,7 @@ class SMACEnv(BatchedEnv):
         sa, se = int(self._shield_ally), int(self._shield_enemy)
         self.obs_dim = 4 + m * (5 + se + type_bits) + (n - 1) * (5 + sa + type_bits)
         self.obs_dim += 1 + sa + type_bits
+        self.obs_dim += n * self.n_actions * obs_last_action + n * obs_agent_id
         self.state_dim = n * (4 + sa + type_bits) + m * (3 + se + type_bits) + n * self.n_actions
         self.spec = EnvSpec(
             groups={
@@ -771,18 +785,19 @@ class SMACEnv(BatchedEnv):
         enemy = torch.cat(
             (attackable[..., None], rel[:, :, n:, 1:], unit_e[:, None] * vis[:, :, n:, None]), -1
         )
+        last = (s["last_action"][..., None] == self._action_ids).float()  # [B, n, A]
         pairs = rel.reshape(B, n * U, 4).index_select(1, self._pair_flat)
-        ally = torch.cat((pairs, unit_a.index_select(1, self._pair_other) * pairs[..., :1]), -1)
+        other = unit_a.index_select(1, self._pair_other)
+        if self.obs_last_action:
+            other = torch.cat((other, last.index_select(1, self._pair_other)), -1)
+        ally = torch.cat((pairs, other * pairs[..., :1]), -1)
         me_f = me[..., None].float()
-        obs = torch.cat(
-            (
-                mask[..., 2:6].float(),
-                enemy.reshape(B, n, -1),
-                ally.reshape(B, n, -1),
-                unit_a * me_f,
-            ),
-            -1,
-        )
+        own = torch.cat((unit_a, last), -1) if self.obs_last_action else unit_a
+        parts = [mask[..., 2:6].float(), enemy.reshape(B, n, -1), ally.reshape(B, n, -1)]
+        parts.append(own * me_f)
+        if self.obs_agent_id:
+            parts.append(self._agent_id.expand(B, n, n))
+        obs = torch.cat(parts, -1)
 
         # Global state: positions relative to the map centre over the map size; cooldown over
         # SMAC's max cooldown (a medivac's energy over 200); last actions one-hot.
@@ -793,7 +808,6 @@ class SMACEnv(BatchedEnv):
         cd = (cd * self._inv_cd[:n])[..., None]
         a_state = torch.cat((unit_a[..., :1], cd, centred[:, :n], unit_a[..., 1:]), -1)
         e_state = torch.cat((unit_e[..., :1], centred[:, n:], unit_e[..., 1:]), -1)
-        last = (s["last_action"][..., None] == self._action_ids).float()
         state = torch.cat(
             (
                 (a_state * me_f).reshape(B, -1),
