@@ -7,6 +7,13 @@ active masks so that dead agents do not count; separate gradient-norm clipping o
 separate Adam optimisers for actors and critics. MAPPO, IPPO and their recurrent forms differ only
 in the critic's input and the presence of the recurrent layer (see :mod:`mappo.nn.actor_critic`).
 
+One difference from that code: an action of several discrete heads (Reference's move and
+message) has one ratio, of the joint probability, clipped once, and the sum of the heads'
+entropies as its entropy. The paper's code clips each head's ratio on its own, sums the clipped
+terms over the heads and averages the heads' entropies (its ``act.py`` itself flags the per-head
+log-probabilities as possibly wrong); on Reference our curve stays within 1-2 points of the
+paper code's (RESULTS.md).
+
 Shapes: ``T`` rollout steps, ``E`` envs, ``n`` agents of a group, ``C`` critic copies, ``L`` chunk
 length (1 for feed-forward networks), ``M`` chunks (samples) of the update.
 """
