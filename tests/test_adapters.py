@@ -169,16 +169,16 @@ def test_readme_own_env_example(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     module = next(
-        b for b in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if "my_envs" in b
+        b for b in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if "my_pz_envs" in b
     )
-    (tmp_path / "my_envs.py").write_text(module)
+    (tmp_path / "my_pz_envs.py").write_text(module)
     monkeypatch.syspath_prepend(str(tmp_path))
-    command = next(line for line in readme.splitlines() if "env.name=pettingzoo:my_envs" in line)
-    assert command.startswith("mappo train pettingzoo/simple_spread env.name=pettingzoo:my_envs")
+    command = next(line for line in readme.splitlines() if "env.name=pettingzoo:my_pz_envs" in line)
+    assert command.startswith("mappo train pettingzoo/simple_spread env.name=pettingzoo:my_pz_envs")
     cfg = C.load(
         "pettingzoo/simple_spread",
         {
-            "env.name": "pettingzoo:my_envs",
+            "env.name": "pettingzoo:my_pz_envs",
             "env.kwargs": {"max_cycles": 25, "num_workers": 0},
             "progress": False,
             "total_env_steps": 250,

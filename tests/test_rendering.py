@@ -137,7 +137,7 @@ def test_an_env_that_cannot_render_is_one_clear_error(env_class: type, reason: s
         record_episode(env, num_steps=3)
     assert str(info.value) == (
         f"environment 'toy/match' cannot render frames ({reason}); no GIF can be made of it "
-        "(mappo eval works without --gif)"
+        "(`mappo eval` evaluates it without one)"
     )
 
 
@@ -159,6 +159,6 @@ def test_an_adapter_env_cannot_render(tmp_path: Path, capsys: pytest.CaptureFixt
     assert err == (
         "mappo: error: environment 'pettingzoo:test_adapter_envs:TinyEnv' cannot render frames "
         "(the wrapped environment does not draw: its render() is not implemented); "
-        "no GIF can be made of it (mappo eval works without --gif)\n"
+        "no GIF can be made of it (`mappo eval` evaluates it without one)\n"
     )
     assert not gif.exists()

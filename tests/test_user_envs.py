@@ -570,7 +570,8 @@ def test_eval_gif_of_an_env_that_cannot_draw_fails_before_evaluating(user_folder
     assert out == "" and not gif.exists()
     assert err == (
         "mappo: error: environment 'python:plain_envs:Plain' cannot render frames (MatchEnv does "
-        "not implement render()); no GIF can be made of it (mappo eval works without --gif)\n"
+        "not implement render()); no GIF can be made of it "
+        "(`mappo eval` evaluates it without one)\n"
     )
 
 

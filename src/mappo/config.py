@@ -462,7 +462,8 @@ class TrainConfig:
     rollout_length: int = _field(25, "Steps per environment in each rollout (mappo).", low=1)
     total_env_steps: int = _field(
         2_000_000,
-        "Environment steps to train for (one step = every agent acts once in one env).",
+        "Environment steps to train for (one step = every agent acts once in one env), rounded "
+        "up to whole iterations (env.num_envs x rollout_length steps for MAPPO).",
         low=1,
     )
     # numpy's and Python's seeders take any size, but torch's generators stop at 2**64 and seeds

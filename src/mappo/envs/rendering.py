@@ -168,7 +168,7 @@ def _cannot_render(env: BatchedEnv, reason: str) -> EnvError:
     first_line = reason.strip().splitlines()[0]
     return EnvError(
         f"environment '{env.name}' cannot render frames ({first_line}); no GIF can be made of "
-        "it (mappo eval works without --gif)"
+        "it (`mappo eval` evaluates it without one)"
     )
 
 
