@@ -104,6 +104,8 @@ class TinyEnv(ParallelEnv):
             return {a: self._obs(a) for a in self.agents}
         if self.fault == "reset_text_obs":
             return {a: "hello" for a in self.agents}, {a: {} for a in self.agents}
+        if self.fault == "reset_array_obs":  # no dict, where the space (masks="obs") is one
+            return {a: np.zeros(3) for a in self.agents}, {a: {} for a in self.agents}
         return {a: self._obs(a) for a in self.agents}, {a: self._info(a) for a in self.agents}
 
     def step(self, actions: dict) -> tuple[dict, dict, dict, dict, dict]:

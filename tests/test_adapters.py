@@ -576,11 +576,14 @@ def test_malformed_output_is_refused_with_agent_and_env_names(fault: str, messag
         ("state_raise", "the environment's state\\(\\) raised ValueError: state boom"),
         ("reset_obs_only", "reset\\(\\) must return \\(observations, infos\\)"),
         ("reset_text_obs", "the observation of agent 'agent_0' after reset\\(\\) does not fit"),
+        ("reset_array_obs", r"does not fit its observation space Dict\(.*\) \(it returned "
+         r"ndarray of shape \(3,\): IndexError"),
     ],
-)
+)  # fmt: skip
 def test_a_fault_while_the_env_is_inspected_is_one_clear_error(fault: str, message: str) -> None:
+    masks = "obs" if fault == "reset_array_obs" else None
     with pytest.raises(EnvError, match=message) as info:
-        PettingZooAdapter(tiny(fault=fault), num_envs=1, num_workers=0, name="tiny")
+        PettingZooAdapter(tiny(fault=fault, masks=masks), num_envs=1, num_workers=0, name="tiny")
     assert str(info.value).startswith("tiny: ")
 
 

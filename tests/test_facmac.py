@@ -4,6 +4,7 @@ that learn, resume exactly and load."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -290,3 +291,26 @@ def test_facmac_learns_to_reach_in_a_box_beside_a_discrete_group(tmp_path):
 def test_a_hypernetwork_width_with_one_layer_is_refused():
     with pytest.raises(C.ConfigError, match="algo.hypernet_layers is 1"):
         C.load("mpe/simple_spread_facmac", {"algo.hypernet_layers": 1, "algo.hypernet_embed": 32})
+
+
+def test_an_action_mask_that_allows_nothing_leaves_the_actor_loss_and_gradients_finite():
+    # The env contract lets a dead agent's mask allow nothing, and a padded step after an
+    # episode's end keeps the last mask beside alive=True. The actors' Gumbel-softmax samples
+    # of such rows were NaN; the mixer's backward spread them to every weight.
+    group = GroupSpec(("a", "b", "c"), (18,), ActionSpec((5,)), has_action_mask=True)
+    spec = EnvSpec(groups={"agents": group}, state_shape=(54,), episode_limit=25)
+    cfg = C.load("mpe/simple_spread_facmac")
+    torch.manual_seed(0)
+    nets = MaddpgNetworks(spec, cfg.model, cfg.algo)
+    b = _batch()  # 3 steps filled, 2 padded
+    mask = torch.ones(5, 2, 3, 5, dtype=torch.bool)
+    alive = torch.ones(5, 2, 3, dtype=torch.bool)
+    mask[1:3, 0, 2] = False  # agent 2 of episode 0 dies after its first step
+    alive[1:3, 0, 2] = False
+    mask[3:] = False  # the padding: nothing allowed, alive as the last step left it
+    b = dataclasses.replace(b, action_mask={"agents": mask}, alive={"agents": alive})
+    loss = facmac_actor_loss(nets, b, cfg.algo, torch.Generator().manual_seed(0))
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = [p.grad for p in nets.parameters() if p.grad is not None]
+    assert grads and all(bool(torch.isfinite(g).all()) for g in grads)

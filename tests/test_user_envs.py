@@ -640,3 +640,39 @@ def test_observations_of_images_size_are_named_before_training():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _warn_large_observations(cfg, MatchEnv(1))
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("shape", r"step\(\): obs\['agents'\] has shape \[4, 2, 4\]"),
+        ("stat", "stats has no 'accuracy'"),
+    ],
+)
+def test_a_mistake_after_the_checked_outputs_is_named_in_one_line(
+    user_folder, tmp_path, capsys, fault, message
+) -> None:
+    """Only an env's first outputs are checked; a mistake that shows later (an observation of
+    another shape once agents die, a statistic left out) is named by the check of the output it
+    came in when training fails on it, instead of a traceback from where the rollout stored it
+    (or, for the statistic, an average of zeros)."""
+    module = f"late_{fault}_envs"  # (a module of its own per case: imports are cached)
+    (user_folder / f"{module}.py").write_text(
+        "from toy_env import MatchEnv\n"
+        "class Late(MatchEnv):\n"
+        "    calls = 0\n"
+        "    def _step(self, actions):\n"
+        "        step = super()._step(actions)\n"
+        "        Late.calls += 1\n"
+        "        if Late.calls > 30:\n"
+        f"            if {fault!r} == 'shape':\n"
+        "                step.obs = {'agents': step.obs['agents'][..., :4]}\n"
+        "            else:\n"
+        "                step.stats = {}\n"
+        "        return step\n"
+    )
+    argv = ["train", "mpe/simple_spread_fast", f"env.name=python:{module}:Late", *TINY]
+    argv = [*argv[:-1], "total_env_steps=800", f"run_dir={tmp_path / 'runs'}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(message, err), err

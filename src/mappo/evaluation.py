@@ -7,14 +7,13 @@ from collections.abc import Callable
 import torch
 
 from mappo.acting import Acting, act
-from mappo.envs.base import BatchedEnv, EnvError
+from mappo.envs.base import BatchedEnv, EnvError, explain_failure
 
 
 class EvaluationStopped(Exception):
     """An evaluation given up between two steps because its ``stop`` said so (a signal)."""
 
 
-@torch.no_grad()
 def evaluate(
     policy: Acting,
     env: BatchedEnv,
@@ -28,8 +27,29 @@ def evaluate(
     Returns the mean and standard deviation of the per-agent episode return and the mean of
     each episode statistic, over the first episode of every env. ``stop``, asked before every
     step: when it returns True the evaluation raises :class:`EvaluationStopped` (an evaluation
-    of long episodes may take minutes; a signal should not wait for it).
+    of long episodes may take minutes; a signal should not wait for it). A failure that a user's
+    env's last output explains is that output's :class:`EnvError` (``explain_failure``).
     """
+    try:
+        return _evaluate(policy, env, seed, deterministic, generator, stop)
+    except EvaluationStopped:
+        raise
+    except Exception as err:
+        explained = explain_failure(env, err)
+        if explained is err:
+            raise
+        raise explained from err
+
+
+@torch.no_grad()
+def _evaluate(
+    policy: Acting,
+    env: BatchedEnv,
+    seed: int,
+    deterministic: bool,
+    generator: torch.Generator | None,
+    stop: Callable[[], bool] | None,
+) -> dict[str, float]:
     step = env.reset(seed=seed)
     E = env.num_envs
     states = policy.acting_states(E, env.device)
@@ -50,9 +70,8 @@ def evaluate(
         returns += reward * (~finished)
         first = step.done & ~finished
         final_returns = torch.where(first, returns, final_returns)
-        for name, value in step.stats.items():
-            if name in stats:
-                stats[name] = torch.where(first, value.to(stats[name].dtype), stats[name])
+        for name, held in stats.items():
+            stats[name] = torch.where(first, step.stats[name].to(held.dtype), held)
         finished |= step.done
         starts = step.done
         if bool(finished.all()):

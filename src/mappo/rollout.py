@@ -75,9 +75,8 @@ class EpisodeTracker:
         self.finished.add_(done.sum())
         self.return_sum.add_((self.returns * done).sum())
         self.length_sum.add_((self.lengths * done).sum())
-        for name, value in step.stats.items():
-            if name in self.stat_sums:
-                self.stat_sums[name].add_((value * done).sum())
+        for name, total in self.stat_sums.items():  # (one the env left out: a KeyError)
+            total.add_((step.stats[name] * done).sum())
         self.returns.mul_(1.0 - done)
         self.lengths.mul_(1.0 - done)
 

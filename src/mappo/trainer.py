@@ -38,7 +38,7 @@ from mappo.checkpoint import (  # noqa: F401 - re-exported: part of the trainer'
 )
 from mappo.config import TrainConfig
 from mappo.data import library_defaults, spec_difference, spec_to_dict
-from mappo.envs.base import BatchedEnv, EnvError
+from mappo.envs.base import BatchedEnv, EnvError, explain_failure
 from mappo.envs.registry import (
     copy_bytes,
     fit_workers,
@@ -256,7 +256,12 @@ class Trainer:
     # -- one iteration ------------------------------------------------------------------------
     def iterate(self) -> dict[str, float]:
         """One iteration of the learner (collect, then update); returns timings and losses."""
-        return self.count(self.learner.iterate(self.iteration, self.env_steps))
+        return self.count(self.learn())
+
+    def learn(self) -> dict[str, float]:
+        """The learner's iteration, without counting it; a failure that the env's last output
+        explains is that output's error (:func:`_explained`)."""
+        return _explained([self.env], lambda: self.learner.iterate(self.iteration, self.env_steps))
 
     def count(self, result: dict[str, float]) -> dict[str, float]:
         """Advance the counters by an iteration's ``result`` (whose ``env_steps`` it takes)."""
@@ -758,9 +763,22 @@ def train(
         trainer.run_dir = path
         return _run(
             [trainer],
-            lambda: [trainer.learner.iterate(trainer.iteration, trainer.env_steps)],
+            lambda: [trainer.learn()],
             [None],
         )[0]
+
+
+def _explained(envs: list[BatchedEnv], fn: Callable[[], Any]) -> Any:
+    """``fn()``, where a failure that the last output of one of ``envs`` (a user's env) explains
+    becomes that output's one-line :class:`EnvError` (:func:`~mappo.envs.base.explain_failure`)."""
+    try:
+        return fn()
+    except Exception as err:
+        for env in envs:
+            explained = explain_failure(env, err)
+            if explained is not err:
+                raise explained from err
+        raise
 
 
 def _warn_long_evaluations(cfg: TrainConfig, episode_limit: int) -> None:
@@ -1168,7 +1186,8 @@ def _run_stacked(
         raise
 
     def iterate_all() -> list[dict[str, float]]:
-        return stack.iterate(trainers[0].iteration, trainers[0].env_steps)
+        envs = [t.env for t in trainers]
+        return _explained(envs, lambda: stack.iterate(trainers[0].iteration, trainers[0].env_steps))
 
     resume_steps = [None] * n if checkpoints is None else [t.env_steps for t in trainers]
     try:
@@ -1202,7 +1221,7 @@ def resume(run_dir: str | Path, overrides: Sequence[str] | Mapping[str, Any] | N
             tidy_for_resume(path, newest)
             return _run(
                 [trainer],
-                lambda: [trainer.learner.iterate(trainer.iteration, trainer.env_steps)],
+                lambda: [trainer.learn()],
                 [trainer.env_steps],
                 locked=True,
             )[0]

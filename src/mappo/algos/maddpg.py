@@ -54,8 +54,12 @@ def gumbel_softmax_sample(
 ) -> Tensor:
     """A one-hot sample ``[..., A]`` of ``softmax(logits)`` over the allowed actions, whose
     gradient is that of ``softmax((logits + G) / temperature)`` (``G`` the Gumbel noise that
-    drew it): the straight-through Gumbel-softmax estimator."""
+    drew it): the straight-through Gumbel-softmax estimator. A row whose mask allows nothing
+    (a dead agent's, which the env contract permits, or a padded step's) is sampled as if it
+    allowed everything: its sample is replaced or weighed zero by the caller, and a row of
+    ``-inf`` would be NaN, which a mixer's backward spreads to every weight."""
     if mask is not None:
+        mask = mask | ~mask.any(-1, keepdim=True)
         logits = logits.masked_fill(~mask, -torch.inf)
     # -log of an Exp(1) draw is a standard Gumbel draw
     noise = -torch.empty_like(logits).exponential_(1, generator=generator).log()

@@ -142,6 +142,7 @@ class BatchedEnv(abc.ABC):
             raise failure from err
         _check_early_output(self, result, "step")
         self._last_action_mask, self._last_alive = result.action_mask, result.alive
+        self.__dict__["_last_output"] = (result, "step")
         return result
 
     @abc.abstractmethod
@@ -338,6 +339,7 @@ def _remember_masks(fn: Any) -> Any:
         _check_early_output(self, result, fn.__name__)
         if isinstance(result, EnvStep):
             self._last_action_mask, self._last_alive = result.action_mask, result.alive
+            self.__dict__["_last_output"] = (result, fn.__name__)
         return result
 
     return wrapper
@@ -380,6 +382,23 @@ def _check_early_output(env: BatchedEnv, step: Any, method: str) -> None:
     if done < OUTPUT_CHECKS:
         env.__dict__["_outputs_checked"] = done + 1
         check_output(env, step, method)
+
+
+def explain_failure(env: BatchedEnv, err: Exception) -> Exception:
+    """What ``err``, raised while training on ``env``, becomes where ``env`` is a user's env
+    whose last output breaks the contract: the :class:`EnvError` of :func:`check_output` on
+    that output, which names the mistake in one line. Outputs after the first
+    :data:`OUTPUT_CHECKS` go unchecked, so that a wrong shape returned later surfaced as a
+    traceback where the rollout stored it, and a statistic left out as a missing key.
+    Otherwise ``err`` itself."""
+    last = env.__dict__.get("_last_output")
+    if isinstance(err, EnvError) or last is None or not is_users_env(env):
+        return err
+    try:
+        check_output(env, *last)
+    except EnvError as found:
+        return found
+    return err
 
 
 _GROUP_NAME = re.compile(r"[^.]+")  # torch's module dicts refuse '' and '.'

@@ -286,9 +286,8 @@ class BlockTracker:
         t.finished.add_(done.view(N, -1).sum(1))
         t.return_sum.add_((t.returns * done).view(N, -1).sum(1))
         t.length_sum.add_((t.lengths * done).view(N, -1).sum(1))
-        for name, value in step.stats.items():
-            if name in t.stat_sums:
-                t.stat_sums[name].add_((value * done).view(N, -1).sum(1))
+        for name, total in t.stat_sums.items():
+            total.add_((step.stats[name] * done).view(N, -1).sum(1))
         t.returns.mul_(1.0 - done)
         t.lengths.mul_(1.0 - done)
 

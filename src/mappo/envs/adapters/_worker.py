@@ -314,6 +314,20 @@ def describe_agent(agent: str, obs_space: Any, act_space: Any) -> dict[str, Any]
     }
 
 
+def described(value: Any) -> str:
+    """What an env returned, in a few words for an error: its type, and its shape where it
+    has one (``ndarray of shape (9,)``, ``dict with keys ['obs']``)."""
+    kind = type(value).__name__
+    if isinstance(value, dict):
+        return f"{kind} with keys {sorted(map(str, value))}"
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"{kind} of shape {tuple(shape)}"
+    if isinstance(value, (list, tuple)):
+        return f"{kind} of length {len(value)}"
+    return kind
+
+
 def flat_observation(desc: dict[str, Any], value: Any) -> np.ndarray:
     """One agent's observation (without its action mask) as a flat float32 vector."""
     if desc["mask"] == "obs":
@@ -732,7 +746,10 @@ class EnvRunner:
             flat = np.asarray(spaces.flatten(slot.space, value), dtype=np.float32).reshape(-1)
         except Exception as err:
             raise self._fault(
-                li, slot.agent, f"returned an observation that does not fit {slot.space}: {err}"
+                li,
+                slot.agent,
+                f"returned an observation that does not fit {slot.space} (it returned "
+                f"{described(value)}: {type(err).__name__}: {err})",
             ) from err
         if flat.size != slot.dim:
             raise self._fault(

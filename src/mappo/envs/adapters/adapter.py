@@ -481,10 +481,11 @@ class ParallelEnvAdapter(BatchedEnv):
                     continue
                 try:
                     parts.append(_worker.flat_observation(descs[a]["desc"], obs[a]))
-                except (TypeError, ValueError) as err:
+                except Exception as err:  # (an array indexed as a dict: an IndexError)
                     raise EnvError(
                         f"{self.name}: the observation of agent '{a}' after reset() does not "
-                        f"fit its observation space ({err})"
+                        f"fit its observation space {descs[a]['obs_space']} (it returned "
+                        f"{_worker.described(obs[a])}: {type(err).__name__}: {err})"
                     ) from err
             joined = np.concatenate(parts)
             limit = episode_limit or _worker.infer_episode_limit(probe)
