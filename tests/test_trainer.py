@@ -1075,7 +1075,10 @@ def test_a_signal_gives_up_a_periodic_evaluation_under_way(tmp_path, monkeypatch
         train("mpe/simple_spread_mappo", over)
     run_dir = info.value.run_dir
     assert info.value.env_steps == 100 and info.value.saved_at_stop
-    assert load_checkpoint(latest_checkpoint(run_dir))["progress"]["env_steps"] == 100
+    progress = load_checkpoint(latest_checkpoint(run_dir))["progress"]
+    assert progress["env_steps"] == 100
+    # the given-up evaluation is counted: the next one draws the seed it draws uninterrupted
+    assert progress["eval_count"] == 1
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     assert len(rows) == 1
     assert bool(rows[0].get("eval/eval_return_mean")) == (when == "rollout")

@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -671,6 +672,15 @@ def test_periodic_checkpoints_can_leave_the_buffer_out(tmp_path):
     ckpts = sorted((run.dir / "checkpoints").glob("iter_*.pt"))
     assert load_checkpoint(ckpts[0])["learner"]["buffer"] is None
     assert load_checkpoint(ckpts[-1])["learner"]["buffer"]["size"] == 16  # the final one has it
+    # from a checkpoint without it, the resume says that its buffer starts empty
+    early = tmp_path / "early"
+    shutil.copytree(run.dir, early)
+    for p in (early / "checkpoints").glob("iter_*.pt"):
+        if p.name > ckpts[0].name:
+            p.unlink()
+    (early / "summary.json").unlink(missing_ok=True)
+    with pytest.warns(UserWarning, match="the checkpoint holds no replay buffer"):
+        resume(early)
     resumed = resume(run.dir, {"total_env_steps": 800})
     assert resumed.summary["env_steps"] == 800
 

@@ -298,10 +298,19 @@ class EpisodeBuffer:
             "episodes": self.storage.map(lambda x: x[: self.size].clone()).fields(),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """Restore :meth:`state_dict`'s episodes, stored as bytes or as floats (a checkpoint
         written before the byte storage); values outside 0-255 for byte storage raise
-        :class:`ValueError`."""
+        :class:`ValueError`. ``None`` (a checkpoint saved without its buffer) leaves the buffer
+        empty, with a warning: the run then learns other updates than an uninterrupted one."""
+        if state is None:
+            warnings.warn(
+                "the checkpoint holds no replay buffer (algo.buffer_in_checkpoints=false), so "
+                "the resumed run refills it from new episodes and does not continue as the "
+                "uninterrupted run would",
+                stacklevel=2,
+            )
+            return
         self.index, self.size = int(state["index"]), int(state["size"])
         stored = state["episodes"]
         for name, key, dst in self._stored():

@@ -415,13 +415,12 @@ class Trainer:
         stop = None
         if stoppable and self.eval_stoppable and self.stop_signal is None:
             stop = lambda: self.stop_signal is not None  # noqa: E731
+        # Counted before it runs: one given up by a signal keeps its seed, so that the
+        # evaluations after a resume draw the seeds of the uninterrupted run's.
+        count, self.eval_count = self.eval_count, self.eval_count + 1
         result = evaluate(
-            self.policy,
-            self.eval_env,
-            seed=self.cfg.seed + _EVAL_SEED_OFFSET + self.eval_count,
-            stop=stop,
+            self.policy, self.eval_env, seed=self.cfg.seed + _EVAL_SEED_OFFSET + count, stop=stop
         )
-        self.eval_count += 1
         self.last_eval = result
         return result
 

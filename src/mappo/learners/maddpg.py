@@ -138,6 +138,5 @@ class MaddpgLearner:
         restore_generator(self.act_gen, state["rng"]["act"], seed, iteration, "act")
         restore_generator(self.sample_gen, state["rng"]["sample"], seed, iteration, "sample")
         restore_generator(self.noise_gen, state["rng"]["noise"], seed, iteration, "noise")
-        if state["buffer"] is not None:
-            self.buffer.load_state_dict(state["buffer"])
+        self.buffer.load_state_dict(state["buffer"])
         self.tracker.load_state_dict(state["tracker"])

@@ -149,6 +149,5 @@ class ValueLearner:
         )
         self.episodes = int(state["episodes"])
         self.last_target_update = int(state["last_target_update"])
-        if state["buffer"] is not None:
-            self.buffer.load_state_dict(state["buffer"])
+        self.buffer.load_state_dict(state["buffer"])
         self.tracker.load_state_dict(state["tracker"])
