@@ -221,6 +221,14 @@ def test_a_failing_trial_is_reported_and_the_others_finish(tmp_path, capsys):
     status = json.loads((tmp_path / "sw" / "sweep.json").read_text())
     assert [t["status"] for t in status["trials"]] == ["done", "failed", "done"]
     assert "EnvError" in status["trials"][1]["error"]
+    # It failed before its first row, yet the report counts it as its configuration's seed.
+    assert (Path(bad.dir) / "config.yaml").is_file()
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "sw")]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "| mpe/simple_spread mappo env.kwargs.num_agents=0 | 0 | 0 / 1 (1 failed) | - | - |" in out
+    )
     # A re-run retries only the failed trial (which fails again, the same way).
     assert main(argv) == 1
     assert "2 finished before, 1 to run" in capsys.readouterr().out

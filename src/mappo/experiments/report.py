@@ -317,7 +317,7 @@ def format_markdown(rows: list[ReportRow]) -> str:
             f"{r.complete} / {r.trained}"
             + (f" ({_failures(r.failed, r.diverged)})" if r.failed else ""),
             _steps(r.env_steps),
-            f"{_num(r.wall_seconds, 0)} s",
+            f"{_num(r.wall_seconds, 0)} s" if math.isfinite(r.wall_seconds) else "-",
             _num(r.final_mean),
             _num(r.best_mean),
             f"{_num(r.final_iqm)} [{_num(r.final_iqm_low)}, {_num(r.final_iqm_high)}]",

@@ -198,7 +198,9 @@ def read_run(path: Path) -> RunRecord:
     """One run directory: ``config.yaml`` (safe YAML), ``metrics.csv`` and ``summary.json``."""
     try:
         data = yaml.safe_load((path / "config.yaml").read_text(encoding="utf-8")) or {}
-        reader = csv.DictReader(io.StringIO(complete_rows(path / "metrics.csv"), newline=""))
+        # (a sweep's trial that failed before its first row has its config and error only)
+        text = "env_steps\n" if _failed_unlogged(path) else complete_rows(path / "metrics.csv")
+        reader = csv.DictReader(io.StringIO(text, newline=""))
         names = list(reader.fieldnames or [])
         rows = list(reader)
     except yaml.YAMLError as err:
@@ -265,22 +267,34 @@ def last_logged_step(path: Path) -> int | None:
         return None
 
 
+def _failed_unlogged(path: Path) -> bool:
+    """Whether ``path`` is a sweep trial that failed before its first logged row: its
+    ``config.yaml`` and ``error.txt``, no ``metrics.csv``."""
+    files = ("config.yaml", "error.txt")
+    return all((path / f).is_file() for f in files) and not (path / "metrics.csv").exists()
+
+
 def find_runs(paths: list[str | Path]) -> list[RunRecord]:
     """Every run directory under ``paths`` (at any depth; a path may be a run directory itself),
-    in sorted order; runs with no logged row yet are left out."""
+    in sorted order; runs with no logged row yet are left out, but for a sweep's trials that
+    failed before it (which reports count as failed seeds of their configuration)."""
     found: list[Path] = []
     for p in map(Path, paths):
         if not p.exists():
             raise ResultsError(f"'{p}' does not exist")
-        if (p / "metrics.csv").is_file() and (p / "config.yaml").is_file():
+        if ((p / "metrics.csv").is_file() and (p / "config.yaml").is_file()) or (
+            _failed_unlogged(p)
+        ):
             found.append(p)
         found += sorted(
             m.parent
-            for m in p.rglob("metrics.csv")
-            if (m.parent / "config.yaml").is_file() and m.parent != p
+            for m in [*p.rglob("metrics.csv"), *p.rglob("error.txt")]
+            if m.parent != p
+            and (m.parent / "config.yaml").is_file()
+            and (m.name == "metrics.csv" or _failed_unlogged(m.parent))
         )
     runs = [read_run(p) for p in dict.fromkeys(found)]
-    runs = [r for r in runs if r.columns["env_steps"].size]
+    runs = [r for r in runs if r.columns["env_steps"].size or r.failed]
     if not runs:
         raise ResultsError(
             "no run directories (with config.yaml and metrics.csv) under "
@@ -346,7 +360,12 @@ def _one_run_per_seed(conf: Configuration) -> list[RunRecord]:
     confidence intervals. Of repeats, the run that trained furthest (then the latest folder)
     counts; the others are named in a warning."""
     kept: dict[int, RunRecord] = {}
-    for run in sorted(conf.runs, key=lambda r: (r.columns["env_steps"][-1], str(r.dir))):
+
+    def trained(run: RunRecord) -> float:
+        steps = run.columns["env_steps"]
+        return float(steps[-1]) if steps.size else -math.inf
+
+    for run in sorted(conf.runs, key=lambda r: (trained(r), str(r.dir))):
         kept[run.seed] = run  # the run that trained furthest comes last
     dropped = [r for r in conf.runs if kept[r.seed] is not r]
     if dropped:

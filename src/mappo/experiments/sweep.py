@@ -168,7 +168,7 @@ def run_trial(trial: Trial) -> TrialResult:
         result.error = str(err)
     except Exception as err:  # the trial's failure is reported; the sweep goes on
         result.status = "failed"
-        result.error = _failure(err, [d])
+        result.error = _failure(err, [trial])
     result.seconds = time.monotonic() - start
     return result
 
@@ -185,13 +185,20 @@ def _trust_spec_env(trial: Trial) -> None:
         trust_module(module)
 
 
-def _failure(err: Exception, dirs: list[Path]) -> str:
-    """The one-line error of a failed trial; the traceback goes to each folder's error.txt."""
+def _failure(err: Exception, trials: list[Trial]) -> str:
+    """The one-line error of failed trials; the traceback goes to each folder's error.txt,
+    beside the trial's config.yaml where the run left none (one that failed before its first
+    row removes its own), so that reports count the trial among its configuration's seeds."""
     trace = traceback.format_exc()
-    for d in dirs:
+    for trial in trials:
+        d = Path(trial.dir)
         with contextlib.suppress(OSError):
             d.mkdir(parents=True, exist_ok=True)
             (d / "error.txt").write_text(trace, encoding="utf-8")
+        if not (d / "config.yaml").exists():
+            with contextlib.suppress(Exception):  # (a config that cannot load: the error says)
+                cfg = config_mod.load(trial.preset, dict(trial.overrides), refuse_unread=False)
+                config_mod.save(cfg, d / "config.yaml")
     return f"{type(err).__name__}: " + " ".join(str(err).split())
 
 
@@ -316,7 +323,7 @@ def _run_together(group: list[Trial], resuming: bool) -> list[TrialResult]:
     except RunInterrupted as err:
         status, steps, error = "interrupted", [err.env_steps] * len(group), str(err)
     except Exception as err:  # the unit's failure is every trial's in it; the sweep goes on
-        status, error = "failed", _failure(err, dirs)
+        status, error = "failed", _failure(err, group)
     seconds = time.monotonic() - start
     return [
         TrialResult(t.id, status, n, seconds, node, error, signalled)
