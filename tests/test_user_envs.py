@@ -80,7 +80,7 @@ def test_a_python_path_name_trains_evaluates_and_resumes(user_folder, tmp_path, 
     assert module not in sys.modules
     assert main(["eval", str(run), "--episodes", "3", "--json", "--import", module]) == 0
     result = capsys.readouterr().out
-    assert '"eval_hits"' in result and '"eval_episodes": 3.0' in result
+    assert '"eval_hits"' in result and '"eval_episodes": 3,' in result
     resume = ["train", "--resume", str(run), "total_env_steps=500", "progress=false"]
     assert main([*resume, "--import", module]) == 0
     assert sorted(p.name for p in (run / "checkpoints").glob("iter_*.pt"))[-1] > "iter_00000003"

@@ -171,19 +171,25 @@ def _print_seeds(summaries: list[dict]) -> None:
 
 
 def _print_result(result: dict, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps(result))
+    if as_json:  # (counts as whole numbers, as the table prints them)
+        print(json.dumps({k: _count(k, v) for k, v in result.items()}))
         return
     for k, v in result.items():
         print(f"{k:22s} {_number(k, v)}")
 
 
+def _count(key: str, value: Any) -> Any:
+    """A count of episodes or steps as an ``int``; any other value as it is."""
+    counts = key.endswith(("episodes", "env_steps"))
+    if isinstance(value, float) and counts and value.is_integer():
+        return int(value)
+    return value
+
+
 def _number(key: str, value: Any) -> str:
     """A result's value as printed: a count of episodes or steps as a whole number, other
     floats to three decimals."""
-    counts = key.endswith(("episodes", "env_steps"))
-    if isinstance(value, float) and counts and value.is_integer():
-        return str(int(value))
+    value = _count(key, value)
     return f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
@@ -335,7 +341,8 @@ def _eval_saved(args: argparse.Namespace) -> int:
     result = policy.evaluate(
         args.episodes, args.seed, not args.sample, _sampling(args, policy.device), **given
     )
-    result = {"task": cfg.env.name, "algo": cfg.algo_name, **result}
+    actions = "sampled" if args.sample else "greedy"
+    result = {"task": cfg.env.name, "algo": cfg.algo_name, "actions": actions, **result}
     if policy.env_steps is not None:  # which checkpoint: a run may still be training
         result["trained_env_steps"] = float(policy.env_steps)
     # The evaluation is printed first: a GIF that cannot be written does not lose it.
