@@ -143,7 +143,7 @@ def _ref_state(env: SMACEnv, st: dict[str, torch.Tensor], e: int) -> list[float]
                 feats.append(shield[u] / kind.shield if kind.shield else 0.0)
             feats += [float(kind.name == t) for t in types]
             out += feats if health[u] > 0 else [0.0] * len(feats)
-    for a in st["last_action"][e].tolist():
+    for a in st["last_action"][e].tolist() if env.state_last_action else []:
         out += [float(a == k) for k in range(env.n_actions)]
     return out
 
@@ -257,11 +257,15 @@ def test_bad_actions_raise() -> None:
      ("3m", True), ("MMM2", True)],
 )  # fmt: skip
 def test_masks_observations_and_state_match_smac(name: str, paper_obs: bool) -> None:
+    # (the paper's observations, and the state without last actions as PyMARL's COMA has it)
     options = {"obs_last_action": paper_obs, "obs_agent_id": paper_obs}
+    options["state_last_action"] = not paper_obs
     env = _env(name, num_envs=3, seed=1, **options)
     if paper_obs:  # the sizes of the paper's env (its 3m: 60 values)
         size = SMAC_SIZES[name][0] + env.n_agents * (env.n_actions + 1)
         assert env.spec.groups["allies"].obs_shape == (size,)
+        size = SMAC_SIZES[name][1] - env.n_agents * env.n_actions
+        assert env.spec.state_shape == (size,)
     gen = torch.Generator().manual_seed(0)
     step = env.reset()
     checked_dead = checked_attack = False

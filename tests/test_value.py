@@ -393,7 +393,9 @@ def test_time_limit_bootstraps_only_when_asked():
         assert bool(before != after) == bootstrap
     assert C.load("mpe/simple_spread_qmix").algo.bootstrap_truncation is False
     assert C.load("lbf/8x8-2p-2f-coop_qmix").algo.bootstrap_truncation is False
-    assert C.load("smac/3m_qmix").algo.bootstrap_truncation is True
+    # PyMARL on SMAC never reports the limit (continuing_episode: False): a termination
+    for name in ("smac/3m_qmix", "smac/3m_qmix_fast", "smac/3m_coma", "mpe/simple_spread_coma"):
+        assert C.load(name).algo.bootstrap_truncation is False, name
 
 
 def test_value_family_refuses_multi_head_actions():
@@ -421,6 +423,22 @@ def test_coma_policy_mixes_epsilon_over_allowed_actions_only():
     torch.testing.assert_close(p[0, [0, 1, 3]], 0.7 * soft + 0.1)
     assert float(p[0, 2]) == 0.0
     torch.testing.assert_close(p.sum(-1), torch.ones(1))
+
+
+def test_comas_exploration_mixes_the_softmax_over_all_actions_as_pymarls():
+    # PyMARL's COMA (mask_before_softmax: False): softmax over all actions, plus epsilon / A
+    # each, then the allowed actions' share renormalised; greedy, it is the masked softmax.
+    logits = torch.tensor([[2.0, 0.0, 100.0, 0.0]])
+    mask = torch.tensor([[True, True, False, True]])
+    p = coma_policy(logits, mask, 0.3, mask_before_softmax=False)
+    mixed = 0.7 * torch.softmax(logits[0], -1) + 0.3 / 4
+    expected = mixed * mask[0] / (mixed * mask[0]).sum()
+    torch.testing.assert_close(p[0], expected)
+    assert float(p[0, 2]) == 0.0 and float(p[0, 1]) > 0.3  # (the masked favourite's share)
+    mild = torch.tensor([[2.0, 0.0, 3.0, 0.5]])
+    greedy = coma_policy(mild, mask, 0.0, mask_before_softmax=False)
+    torch.testing.assert_close(greedy, coma_policy(mild, mask, 0.0))
+    assert C.load("smac/3m_coma").algo.mask_before_softmax is False
 
 
 def test_coma_samples_the_actions_torch_multinomial_draws():

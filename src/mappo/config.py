@@ -269,9 +269,9 @@ class ValueConfig:
     )
     bootstrap_truncation: bool = _field(
         True,
-        "Bootstrap the target of a step that a time limit cut from the final observation "
-        "(PyMARL on SMAC); false treats the time limit as terminal, as EPyMARL does on the "
-        "particle world and LBF (its wrappers never report the limit).",
+        "Bootstrap the target of a step that a time limit cut from the final observation. "
+        "PyMARL on SMAC (continuing_episode: False) and EPyMARL on the particle world and LBF "
+        "treat the limit as terminal, and their presets set false.",
     )
     mixing_embed_dim: int = _field(32, "QMIX mixing network width.", low=1)
     hypernet_layers: int = _field(2, "QMIX hypernetwork depth (1 or 2 layers).", low=1, high=2)
@@ -315,12 +315,18 @@ class ComaConfig:
     epsilon_schedule: str = _field(
         "linear", "Epsilon schedule over env steps.", choices=("linear", "exponential")
     )
+    mask_before_softmax: bool = _field(
+        False,
+        "Exploration mix: false (PyMARL's COMA) mixes the softmax over all actions with "
+        "epsilon / A each and renormalises over the allowed ones; true takes the softmax and "
+        "the uniform share over the allowed actions only.",
+    )
     last_action: bool = _field(True, "Feed the agent's previous action (one-hot) to its network.")
     bootstrap_truncation: bool = _field(
-        True,
-        "Bootstrap the target of a step that a time limit cut from the final observation "
-        "(PyMARL on SMAC); false treats the time limit as terminal, as EPyMARL does on the "
-        "particle world and LBF (its wrappers never report the limit).",
+        False,
+        "Bootstrap the critic's target of a step that a time limit cut from the final "
+        "observation; false treats the limit as terminal, as PyMARL's COMA does on SMAC "
+        "(continuing_episode: False) and EPyMARL's on the particle world and LBF.",
     )
 
 

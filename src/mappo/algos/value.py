@@ -7,8 +7,9 @@ action, the target network values it), the targets are one-step, n-step or TD(la
 over the stored episode, and the loss is the mean squared TD error over the steps the episodes
 filled (Rashid et al. 2018, "QMIX", Section 4; PyMARL's ``QLearner``; pymarl2's TD(lambda)).
 Termination never bootstraps; a time-limit truncation bootstraps from the final observation
-(``bootstrap_truncation``, PyMARL's convention) or ends the return (EPyMARL's on the particle
-world: with the bootstrap, QMIX's mixed Q ramps up along Spread's 25 steps and diverges).
+(``bootstrap_truncation``) or ends the return, as PyMARL on SMAC and EPyMARL on the particle
+world and LBF do, and every preset sets (on Spread the bootstrap makes QMIX's mixed Q ramp up
+along the 25 steps and diverge).
 
 Shapes: ``T`` steps of the longest sampled episode (``T + 1`` stored with the final
 observation), ``B`` episodes, ``n`` agents of a group, ``N`` agents of all groups, ``A``

@@ -81,7 +81,7 @@ class ComaLearner:
         obs, actions = b.obs[g], b.actions[g][..., 0]  # [T + 1, B, n, ...], [T + 1, B, n]
         mask = b.action_mask.get(g)
         logits = self.policy.unroll(b.obs, b.actions)[g]  # [T + 1, B, n, A]
-        probs = coma_policy(logits, mask, self.epsilon)
+        probs = coma_policy(logits, mask, self.epsilon, algo.mask_before_softmax)
         final = final_step_mask(b.ends)  # [T + 1, B]
         with torch.no_grad():
             # No action is taken at a final observation: the critic's joint-action input there

@@ -23,15 +23,28 @@ from mappo.nn.actor_critic import picture_scale
 from mappo.nn.q_agents import AgentNetworks
 
 
-def coma_policy(logits: Tensor, mask: Tensor | None, epsilon: float) -> Tensor:
-    """Action probabilities ``[..., A]``: the softmax over the allowed actions, mixed with
-    ``epsilon`` of the uniform distribution over them (PyMARL's exploration for COMA)."""
-    if mask is not None:
+def coma_policy(
+    logits: Tensor, mask: Tensor | None, epsilon: float, mask_before_softmax: bool = True
+) -> Tensor:
+    """Action probabilities ``[..., A]`` mixed with ``epsilon`` of the uniform distribution.
+    ``mask_before_softmax``: the softmax over the allowed actions, mixed with the uniform
+    distribution over them; otherwise (PyMARL's COMA, its ``mask_before_softmax: False``) the
+    softmax over all ``A`` actions mixed with ``epsilon / A`` each, then the allowed actions'
+    share renormalised. The two agree without epsilon (greedy acting) and where the logits
+    are equal; they part where the policy favours actions that are masked."""
+    if mask is not None and mask_before_softmax:
         logits = logits.masked_fill(~mask, -torch.inf)
     probs = torch.softmax(logits, -1)
     if epsilon > 0.0:
-        allowed = torch.ones_like(probs) if mask is None else mask.to(probs.dtype)
-        probs = (1.0 - epsilon) * probs + epsilon * allowed / allowed.sum(-1, keepdim=True)
+        if mask is None or not mask_before_softmax:
+            uniform = torch.full_like(probs, 1.0 / probs.shape[-1])
+        else:
+            allowed = mask.to(probs.dtype)
+            uniform = allowed / allowed.sum(-1, keepdim=True)
+        probs = (1.0 - epsilon) * probs + epsilon * uniform
+    if mask is not None and not mask_before_softmax:
+        probs = probs * mask
+        probs = probs / probs.sum(-1, keepdim=True).clamp_min(torch.finfo(probs.dtype).tiny)
     return probs
 
 
@@ -107,6 +120,7 @@ class ComaNetworks(AgentNetworks):
             )
         super().__init__(spec, model, algo.name, algo.last_action)
         self.explore_epsilon = algo.epsilon_finish
+        self.mask_before_softmax = algo.mask_before_softmax
         (group,) = spec.groups.values()
         self.critic = ComaCritic(
             spec,
@@ -131,6 +145,7 @@ class ComaNetworks(AgentNetworks):
             action = coma_policy(logits, mask, 0.0).argmax(-1)
         else:
             eps = self.explore_epsilon if epsilon is None else epsilon
-            action = sample_allowed(coma_policy(logits, mask, eps), mask, generator)
+            probs = coma_policy(logits, mask, eps, self.mask_before_softmax)
+            action = sample_allowed(probs, mask, generator)
         action = action.unsqueeze(-1)
         return GroupAct(action, self.next_state(name, hidden, action))

@@ -119,8 +119,8 @@ class SMACEnv(BatchedEnv):
     - global state ``[n * (4 + s_a + t) + m * (3 + s_e + t) + n * (6 + m)]``: per ally health,
       weapon cooldown / SMAC's max cooldown (energy / 200 for a medivac), x, y relative to the map
       centre / map size, shield, type; per enemy health, x, y, shield, type (all zeros for a
-      dead unit); the allies' last actions one-hot (all zeros after a reset), as SMAC's
-      ``get_state``.
+      dead unit); the allies' last actions one-hot (all zeros after a reset; left out with
+      ``state_last_action=False``), as SMAC's ``get_state``.
     - agent-specific state ``[E, n, state + obs + n]``: the global state, the agent's own
       observation and its one-hot id (the MAPPO paper's "AS" critic input); a dead agent's is all
       zeros but its id (the paper's death masking of the critic input).
@@ -148,6 +148,8 @@ class SMACEnv(BatchedEnv):
             ``False`` leaves it out (``agent_state_shape`` is ``None``): a critic on the global
             state (``algo.critic_input=state``) or on observations does not need it, and on the
             larger maps building it is a large share of the step.
+        state_last_action: the global state's last actions (SMAC's default ``True``); PyMARL's
+            COMA turns them off, as its critic adds the joint last action itself.
         obs_last_action, obs_agent_id: the observation's last actions and one-hot id (above).
             SMAC's own defaults are ``False``; the MAPPO paper's copy of SMAC's env turns both
             on (its ``StarCraft2_Env``), and the ``smac/<map>`` MAPPO presets do so too.
@@ -165,6 +167,7 @@ class SMACEnv(BatchedEnv):
         reward_scale_rate: float = 20.0,
         regeneration_reward: bool = True,
         agent_state: bool = True,
+        state_last_action: bool = True,
         obs_last_action: bool = False,
         obs_agent_id: bool = False,
     ) -> None:
@@ -190,6 +193,7 @@ class SMACEnv(BatchedEnv):
             ("reward_only_positive", reward_only_positive),  # ('false' read as true)
             ("regeneration_reward", regeneration_reward),
             ("agent_state", agent_state),
+            ("state_last_action", state_last_action),
             ("obs_last_action", obs_last_action),
             ("obs_agent_id", obs_agent_id),
         ):
@@ -199,6 +203,7 @@ class SMACEnv(BatchedEnv):
         self.regeneration_reward = regeneration_reward
         self.with_agent_state = agent_state
         self.obs_last_action = obs_last_action
+        self.state_last_action = state_last_action
         self.obs_agent_id = obs_agent_id
 
         ally_types = self.map.ally_units()
@@ -215,7 +220,8 @@ class SMACEnv(BatchedEnv):
         self.obs_dim = 4 + m * (5 + se + type_bits) + (n - 1) * (5 + sa + type_bits)
         self.obs_dim += 1 + sa + type_bits
         self.obs_dim += n * self.n_actions * obs_last_action + n * obs_agent_id
-        self.state_dim = n * (4 + sa + type_bits) + m * (3 + se + type_bits) + n * self.n_actions
+        self.state_dim = n * (4 + sa + type_bits) + m * (3 + se + type_bits)
+        self.state_dim += n * self.n_actions * state_last_action
         self.spec = EnvSpec(
             groups={
                 "allies": GroupSpec(
@@ -808,14 +814,11 @@ class SMACEnv(BatchedEnv):
         cd = (cd * self._inv_cd[:n])[..., None]
         a_state = torch.cat((unit_a[..., :1], cd, centred[:, :n], unit_a[..., 1:]), -1)
         e_state = torch.cat((unit_e[..., :1], centred[:, n:], unit_e[..., 1:]), -1)
-        state = torch.cat(
-            (
-                (a_state * me_f).reshape(B, -1),
-                (e_state * alive[:, n:, None].float()).reshape(B, -1),
-                last.reshape(B, -1),
-            ),
-            -1,
-        )
+        units = [
+            (a_state * me_f).reshape(B, -1),
+            (e_state * alive[:, n:, None].float()).reshape(B, -1),
+        ]
+        state = torch.cat([*units, last.reshape(B, -1)] if self.state_last_action else units, -1)
         return obs, state, mask
 
     def _agent_state(self, state: Tensor, obs: Tensor, alive: Tensor) -> Tensor:
