@@ -1082,3 +1082,22 @@ def test_a_signal_gives_up_a_periodic_evaluation_under_way(tmp_path, monkeypatch
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     assert len(rows) == 1
     assert bool(rows[0].get("eval/eval_return_mean")) == (when == "rollout")
+
+
+@pytest.mark.parametrize("recurrent", ["none", "gru"])
+def test_the_critics_may_be_wider_than_the_actors(tmp_path, recurrent):
+    """``model.critic_hidden_sizes`` (CleanMARL's MAPPO: actors 32 wide, critic 64): the critics'
+    layers take it, the actors keep ``model.hidden_sizes``, and a run trains and resumes."""
+    over = {**TINY, "model.recurrent": recurrent, "model.hidden_sizes": [8, 8]}
+    over |= {"model.critic_hidden_sizes": [16], "run_dir": str(tmp_path)}
+    run = train("mpe/simple_spread_mappo", over)
+    policy = mappo.load_policy(run.dir).model
+    # the first dense layer of each trunk (after the input LayerNorm): [copies, in, out]
+    widths = {n: p.shape for n, p in policy.named_parameters() if n.endswith("mlp.net.1.weight")}
+    assert {n.split(".")[0] for n in widths} == {"actors", "critics"}
+    for name, shape in widths.items():
+        assert shape[-1] == (16 if name.startswith("critics") else 8), name
+    more = resume(run.dir, {"total_env_steps": 2 * over["total_env_steps"]})
+    assert more.summary["env_steps"] == 2 * over["total_env_steps"]
+    with pytest.raises(C.ConfigError, match="'model.critic_hidden_sizes' is read by algo.name"):
+        C.load("mpe/simple_spread_qmix", ["model.critic_hidden_sizes=[16]"])

@@ -68,6 +68,11 @@ class ModelConfig:
     """Actor and critic networks (the MAPPO paper's MLP + GRU)."""
 
     hidden_sizes: list = _field([64, 64], "Hidden layer sizes of the MLP base.")
+    critic_hidden_sizes: list | None = _field(
+        None,
+        "MAPPO's critics' hidden layer sizes where they differ from the actors' "
+        "(None = model.hidden_sizes).",
+    )
     activation: str = _field("relu", "Hidden activation.", choices=("relu", "tanh"))
     encoder: str = _field(
         "mlp",
@@ -1259,6 +1264,8 @@ _CNN_KEYS = (
 
 _MAPPO_ONLY = {
     "rollout_length": "plays whole episodes, env.num_envs of them an iteration",
+    "model.critic_hidden_sizes": "sizes its networks by model.hidden_sizes (COMA's critic by "
+    "algo.critic_hidden)",
     "model.policy_gain": "initialises its networks' heads as PyMARL does",
     "model.action_bounds": "acts in discrete action spaces only",
     "model.log_std_init": "acts in discrete action spaces only",
@@ -1281,7 +1288,8 @@ def unread(cfg: TrainConfig, given: set[str]) -> list[tuple[str, str]]:
                 )  # fmt: skip
     if cfg.family != "ppo":
         for key, why in _MAPPO_ONLY.items():
-            if cfg.family == "maddpg" and key != "rollout_length":
+            acting = key not in ("rollout_length", "model.critic_hidden_sizes")
+            if cfg.family == "maddpg" and acting:
                 # MADDPG's actor heads take the policy gain; its box actions are deterministic
                 if key == "model.policy_gain":
                     continue

@@ -7,6 +7,7 @@ critic copies (1 when every agent of the group would feed the critic the same in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -293,6 +294,8 @@ class Critic(nn.Module):
         self.copies = copies
         self.in_features = in_features
         self.bf16 = cfg.precision == "bf16"
+        if cfg.critic_hidden_sizes is not None:  # (a critic wider than its actors)
+            cfg = dataclasses.replace(cfg, hidden_sizes=list(cfg.critic_hidden_sizes))
         self.trunk = Trunk(in_features, cfg, copies, shape, what, layout)
         self.head = AgentLinear(self.trunk.out_features, 1, copies)
         self.head.reset_parameters(gain=1.0)
