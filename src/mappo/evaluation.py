@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from mappo.acting import Acting, act
-from mappo.envs.base import BatchedEnv, EnvError, explain_failure
+from mappo.envs.base import BatchedEnv, EnvError, explained
 
 
 class EvaluationStopped(Exception):
@@ -28,17 +28,9 @@ def evaluate(
     each episode statistic, over the first episode of every env. ``stop``, asked before every
     step: when it returns True the evaluation raises :class:`EvaluationStopped` (an evaluation
     of long episodes may take minutes; a signal should not wait for it). A failure that a user's
-    env's last output explains is that output's :class:`EnvError` (``explain_failure``).
+    env's last output explains is that output's :class:`EnvError` (``explained``).
     """
-    try:
-        return _evaluate(policy, env, seed, deterministic, generator, stop)
-    except EvaluationStopped:
-        raise
-    except Exception as err:
-        explained = explain_failure(env, err)
-        if explained is err:
-            raise
-        raise explained from err
+    return explained([env], lambda: _evaluate(policy, env, seed, deterministic, generator, stop))
 
 
 @torch.no_grad()

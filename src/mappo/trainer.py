@@ -38,7 +38,7 @@ from mappo.checkpoint import (  # noqa: F401 - re-exported: part of the trainer'
 )
 from mappo.config import TrainConfig
 from mappo.data import library_defaults, spec_difference, spec_to_dict
-from mappo.envs.base import BatchedEnv, EnvError, explain_failure
+from mappo.envs.base import BatchedEnv, EnvError, explained
 from mappo.envs.registry import (
     copy_bytes,
     fit_workers,
@@ -260,8 +260,8 @@ class Trainer:
 
     def learn(self) -> dict[str, float]:
         """The learner's iteration, without counting it; a failure that the env's last output
-        explains is that output's error (:func:`_explained`)."""
-        return _explained([self.env], lambda: self.learner.iterate(self.iteration, self.env_steps))
+        explains is that output's error (:func:`~mappo.envs.base.explained`)."""
+        return explained([self.env], lambda: self.learner.iterate(self.iteration, self.env_steps))
 
     def count(self, result: dict[str, float]) -> dict[str, float]:
         """Advance the counters by an iteration's ``result`` (whose ``env_steps`` it takes)."""
@@ -767,19 +767,6 @@ def train(
         )[0]
 
 
-def _explained(envs: list[BatchedEnv], fn: Callable[[], Any]) -> Any:
-    """``fn()``, where a failure that the last output of one of ``envs`` (a user's env) explains
-    becomes that output's one-line :class:`EnvError` (:func:`~mappo.envs.base.explain_failure`)."""
-    try:
-        return fn()
-    except Exception as err:
-        for env in envs:
-            explained = explain_failure(env, err)
-            if explained is not err:
-                raise explained from err
-        raise
-
-
 def _warn_long_evaluations(cfg: TrainConfig, episode_limit: int) -> None:
     """Warn where the run's evaluations may step more than it trains, by at least 50,000 env
     steps: a short run with a preset's ``eval_episodes`` on an env of long episodes (100
@@ -1186,7 +1173,7 @@ def _run_stacked(
 
     def iterate_all() -> list[dict[str, float]]:
         envs = [t.env for t in trainers]
-        return _explained(envs, lambda: stack.iterate(trainers[0].iteration, trainers[0].env_steps))
+        return explained(envs, lambda: stack.iterate(trainers[0].iteration, trainers[0].env_steps))
 
     resume_steps = [None] * n if checkpoints is None else [t.env_steps for t in trainers]
     try:

@@ -43,7 +43,7 @@ import abc
 import functools
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -384,21 +384,43 @@ def _check_early_output(env: BatchedEnv, step: Any, method: str) -> None:
         check_output(env, step, method)
 
 
+T = TypeVar("T")
+
+# What a malformed output leads to where it is used (a shape that does not broadcast, a missing
+# group or statistic, a numpy array where a tensor goes).
+_OUTPUT_FAILURES = (RuntimeError, TypeError, ValueError, KeyError, IndexError, AttributeError)
+
+
 def explain_failure(env: BatchedEnv, err: Exception) -> Exception:
-    """What ``err``, raised while training on ``env``, becomes where ``env`` is a user's env
-    whose last output breaks the contract: the :class:`EnvError` of :func:`check_output` on
-    that output, which names the mistake in one line. Outputs after the first
-    :data:`OUTPUT_CHECKS` go unchecked, so that a wrong shape returned later surfaced as a
-    traceback where the rollout stored it, and a statistic left out as a missing key.
-    Otherwise ``err`` itself."""
+    """What ``err``, raised while training or evaluating on ``env``, becomes where ``env`` is a
+    user's env whose last output breaks the contract: the :class:`EnvError` of
+    :func:`check_output` on that output, which names the mistake in one line. Outputs after
+    the first :data:`OUTPUT_CHECKS` go unchecked, so that a wrong shape returned later
+    surfaced as a traceback where the rollout stored it, and a statistic left out as a missing
+    key. Otherwise ``err`` itself."""
     last = env.__dict__.get("_last_output")
-    if isinstance(err, EnvError) or last is None or not is_users_env(env):
+    if isinstance(err, EnvError) or not isinstance(err, _OUTPUT_FAILURES):
+        return err
+    if last is None or not is_users_env(env):
         return err
     try:
         check_output(env, *last)
     except EnvError as found:
         return found
     return err
+
+
+def explained(envs: list[BatchedEnv], fn: Callable[[], T]) -> T:
+    """``fn()``, where a failure that the last output of one of ``envs`` explains becomes that
+    output's one-line :class:`EnvError` (:func:`explain_failure`)."""
+    try:
+        return fn()
+    except Exception as err:
+        for env in envs:
+            found = explain_failure(env, err)
+            if found is not err:
+                raise found from err
+        raise
 
 
 _GROUP_NAME = re.compile(r"[^.]+")  # torch's module dicts refuse '' and '.'
