@@ -793,12 +793,10 @@ class SMACEnv(BatchedEnv):
         )
         last = (s["last_action"][..., None] == self._action_ids).float()  # [B, n, A]
         pairs = rel.reshape(B, n * U, 4).index_select(1, self._pair_flat)
-        other = unit_a.index_select(1, self._pair_other)
-        if self.obs_last_action:
-            other = torch.cat((other, last.index_select(1, self._pair_other)), -1)
-        ally = torch.cat((pairs, other * pairs[..., :1]), -1)
-        me_f = me[..., None].float()
+        # each unit's features as its allies see them (and as it sees its own)
         own = torch.cat((unit_a, last), -1) if self.obs_last_action else unit_a
+        ally = torch.cat((pairs, own.index_select(1, self._pair_other) * pairs[..., :1]), -1)
+        me_f = me[..., None].float()
         parts = [mask[..., 2:6].float(), enemy.reshape(B, n, -1), ally.reshape(B, n, -1)]
         parts.append(own * me_f)
         if self.obs_agent_id:
