@@ -77,6 +77,7 @@ def test_another_env_gets_only_the_kwargs_of_the_overrides(tmp_path) -> None:
     # Another env of the same family takes the same parameters: the preset's stay.
     cfg = C.load("smac/3s5z_fast", ["env.name=smac/MMM"])
     kwargs = {"regeneration_reward": False, "obs_last_action": False, "obs_agent_id": False}
+    kwargs["agent_state"] = "as"
     assert cfg.env.kwargs == kwargs and cfg.preset == ""
     cfg = C.load("vmas/balance", ["env.name=vmas/balance", "env.kwargs.n_agents=2"])
     assert cfg.env.kwargs["package_mass"] == 5 and cfg.env.kwargs["n_agents"] == 2

@@ -148,6 +148,59 @@ def _ref_state(env: SMACEnv, st: dict[str, torch.Tensor], e: int) -> list[float]
     return out
 
 
+def _ref_state_agent_fp(env: SMACEnv, st: dict[str, torch.Tensor], e: int, i: int) -> list[float]:
+    """The MAPPO paper's feature-pruned agent-specific state, written after its code's
+    ``StarCraft2_Env.get_state_agent`` (github.com/marlbenchmark/on-policy) with that env's
+    defaults (``use_mustalive``, ``add_center_xy``, ``state_last_action``, ``state_agent_id``)."""
+    n, m = env.n_agents, env.n_enemies
+    pos, health, shield = st["pos"][e].tolist(), st["health"][e].tolist(), st["shield"][e].tolist()
+    w, h = env.map.size
+    types = env.map.unit_types
+    ally_sh = any(u.shield > 0 for u in env.units[:n])
+    enemy_sh = any(u.shield > 0 for u in env.units[n:])
+    A = env.n_actions
+    last_len = A if env.state_last_action else 0
+    last = [[float(a == k) for k in range(A)] for a in st["last_action"][e].tolist()]
+    nf_a, nf_e = 5 + 1 + ally_sh + 2 + len(types) + last_len, 5 + 1 + enemy_sh + len(types) + 2
+    ally = [[0.0] * nf_a for _ in range(n - 1)]
+    enemy = [[0.0] * nf_e for _ in range(m)]
+    move, own = [0.0] * 4, [0.0] * (4 + 1 + ally_sh + 2 + len(types) + last_len)
+
+    def health_feats(u: int, with_shield: bool) -> list[float]:
+        kind = env.units[u]
+        out = [health[u] / kind.health]
+        return out + [shield[u] / kind.shield if kind.shield else 0.0] * with_shield
+
+    def centre(u: int) -> list[float]:
+        return [(pos[u][0] - w / 2) / w, (pos[u][1] - h / 2) / h]
+
+    def type_feats(u: int) -> list[float]:
+        return [float(env.units[u].name == t) for t in types]
+
+    if health[i] > 0:
+        avail = _ref_avail(env, st, e, i)
+        move = [float(a) for a in avail[2:6]]
+        for j in range(m):
+            u = n + j
+            if health[u] > 0:
+                d = math.dist(pos[i], pos[u])
+                dx, dy = pos[u][0] - pos[i][0], pos[u][1] - pos[i][1]
+                enemy[j] = [float(avail[6 + j]), d / 9, dx / 9, dy / 9, float(d < 9)]
+                enemy[j] += health_feats(u, enemy_sh) + type_feats(u) + centre(u)
+        for k, u in enumerate(v for v in range(n) if v != i):
+            if health[u] > 0:
+                d = math.dist(pos[i], pos[u])
+                dx, dy = pos[u][0] - pos[i][0], pos[u][1] - pos[i][1]
+                kind = env.units[u]
+                cd = st["energy"][e, u] if kind.healer else st["cooldown"][e, u]
+                ally[k] = [float(d < 9), d / 9, dx / 9, dy / 9, float(cd) / kind.smac_max_cooldown]
+                ally[k] += health_feats(u, ally_sh) + centre(u) + type_feats(u) + last[u][:last_len]
+        own = [1.0, 0.0, 0.0, 0.0] + health_feats(i, ally_sh) + centre(i) + type_feats(i)
+        own += last[i][:last_len]
+    out = [v for row in ally for v in row] + [v for row in enemy for v in row] + move + own
+    return out + [float(k == i) for k in range(n)]
+
+
 def _masked_random(env: SMACEnv, step, gen: torch.Generator) -> dict[str, torch.Tensor]:
     return random_actions(env, step, gen)
 
@@ -205,8 +258,10 @@ def test_bad_names_and_parameters_raise() -> None:
         make("smac/3m", map_name="8m")  # ("got multiple values for argument 'map_name'")
     with pytest.raises(EnvError, match="num_envs"):
         make("smac/3m", num_envs=0)
-    with pytest.raises(EnvError, match="agent_state must be true or false"):
+    with pytest.raises(EnvError, match="agent_state must be 'as' .or true., 'fp' or false"):
         make("smac/3m", agent_state="no")
+    with pytest.raises(EnvError, match="agent_state must be"):
+        make("smac/3m", agent_state=1)
     with pytest.raises(EnvError, match="obs_last_action must be true or false"):
         make("smac/3m", obs_last_action=1)
 
@@ -302,6 +357,49 @@ def test_masks_observations_and_state_match_smac(name: str, paper_obs: bool) -> 
     assert checked_attack
     if name in ("3m", "2s3z"):
         assert checked_dead
+
+
+@pytest.mark.parametrize(
+    ("name", "last_action"), [("3m", True), ("2s3z", True), ("MMM2", True), ("corridor", False)]
+)
+def test_feature_pruned_agent_state_matches_the_papers_env(name: str, last_action: bool) -> None:
+    env = _env(name, num_envs=3, seed=2, agent_state="fp", state_last_action=last_action)
+    size = len(_ref_state_agent_fp(env, env.get_state(), 0, 0))
+    assert env.spec.groups["allies"].agent_state_shape == (size,)
+    if name == "3m":  # the paper's env: 3m's agent-specific state is 81 values
+        assert size == 81
+    plain = _env(name, num_envs=3, seed=2, state_last_action=last_action)
+    gen = torch.Generator().manual_seed(0)
+    step, same = env.reset(), plain.reset()
+    checked_dead = checked_final = False
+    for t in range(60):
+        st = env.get_state()
+        for e in range(env.num_envs):
+            for i in range(env.n_agents):
+                got = step.agent_state["allies"][e, i].tolist()
+                expected = _ref_state_agent_fp(env, st, e, i)
+                np.testing.assert_allclose(got, expected, atol=1e-5, err_msg=f"{t} {e} {i}")
+                checked_dead |= not bool(step.alive["allies"][e, i])
+        actions = _masked_random(env, step, gen)
+        before = env.get_state()
+        step, same = env.step(actions), plain.step(actions)
+        # only the critic's input differs from the "AS" env's step
+        assert torch.equal(step.obs["allies"], same.obs["allies"])
+        assert torch.equal(step.state, same.state)
+        ended = (step.terminated | step.truncated).nonzero().flatten().tolist()
+        if ended:
+            # the pre-reset battle: the step simulated again from the state before it
+            replay = _env(name, num_envs=3, seed=2, agent_state="fp", state_last_action=last_action)
+            replay.set_state(before)
+            final_st = replay._simulate(replay._s, actions["allies"].reshape(3, -1))[0]
+            for e in ended:
+                for i in range(env.n_agents):
+                    got = step.final_agent_state["allies"][e, i].tolist()
+                    expected = _ref_state_agent_fp(env, final_st, e, i)
+                    np.testing.assert_allclose(got, expected, atol=1e-5)
+            checked_final = True
+    assert checked_dead or name in ("MMM2", "corridor")
+    assert checked_final
 
 
 def test_masks_never_allow_impossible_actions() -> None:

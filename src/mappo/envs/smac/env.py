@@ -121,9 +121,19 @@ class SMACEnv(BatchedEnv):
       centre / map size, shield, type; per enemy health, x, y, shield, type (all zeros for a
       dead unit); the allies' last actions one-hot (all zeros after a reset; left out with
       ``state_last_action=False``), as SMAC's ``get_state``.
-    - agent-specific state ``[E, n, state + obs + n]``: the global state, the agent's own
-      observation and its one-hot id (the MAPPO paper's "AS" critic input); a dead agent's is all
-      zeros but its id (the paper's death masking of the critic input).
+    - agent-specific state, ``agent_state="as"`` (or ``True``): ``[E, n, state + obs + n]``,
+      the global state, the agent's own observation and its one-hot id (the MAPPO paper's "AS"
+      critic input). ``agent_state="fp"``: the paper's feature-pruned form, as its code's
+      ``get_state_agent`` builds it, every unit seen from the agent without a sight limit, ``[E,
+      n, (n - 1) * (8 + s_a + t + A) + m * (8 + s_e + t) + 4 + (7 + s_a + t + A) + n]`` (``A =
+      6 + m``, left out with ``state_last_action=False``): per other ally visible (within 9),
+      distance, relative x, y (over 9), weapon cooldown / max (a medivac's energy / 200),
+      health, shield, x, y relative to the map centre / map size, type, last action one-hot; per
+      enemy the availability of the agent's action slot for it, distance, relative x, y, visible,
+      health, shield, type, x, y from the centre; the agent's move availability; its own 1, 0,
+      0, 0, health, shield, x, y from the centre, type, last action; its one-hot id. A dead
+      unit's block is zeros. In both forms a dead agent's is all zeros but its id (the paper's
+      death masking of the critic input).
     - actions ``ActionSpec((6 + m,))`` with masks; rewards ``[E, n]``, the same for every agent.
 
     Auto-resets draw their starting positions ahead of time: every :data:`RESET_REDRAW` steps a
@@ -144,7 +154,9 @@ class SMACEnv(BatchedEnv):
             again). ``True`` (the default) keeps SMAC's reward; ``False`` keeps the sign instead,
             so regeneration counts against the damage dealt and an episode's return is at most
             ``reward_scale_rate``.
-        agent_state: produce the agent-specific state (the MAPPO paper's "AS" critic input).
+        agent_state: which agent-specific state to produce: ``"as"`` (or ``True``) the global
+            state with the agent's observation and id, the MAPPO paper's "AS"; ``"fp"`` the
+            paper's feature-pruned "FP", the form its code trains SMAC's critics on (above).
             ``False`` leaves it out (``agent_state_shape`` is ``None``): a critic on the global
             state (``algo.critic_input=state``) or on observations does not need it, and on the
             larger maps building it is a large share of the step.
@@ -166,7 +178,7 @@ class SMACEnv(BatchedEnv):
         reward_only_positive: bool = True,
         reward_scale_rate: float = 20.0,
         regeneration_reward: bool = True,
-        agent_state: bool = True,
+        agent_state: bool | str = True,
         state_last_action: bool = True,
         obs_last_action: bool = False,
         obs_agent_id: bool = False,
@@ -192,16 +204,22 @@ class SMACEnv(BatchedEnv):
         for key, flag in (
             ("reward_only_positive", reward_only_positive),  # ('false' read as true)
             ("regeneration_reward", regeneration_reward),
-            ("agent_state", agent_state),
             ("state_last_action", state_last_action),
             ("obs_last_action", obs_last_action),
             ("obs_agent_id", obs_agent_id),
         ):
             if not isinstance(flag, bool):
                 raise EnvError(f"{self.name}: {key} must be true or false, got {flag!r}")
+        if not (isinstance(agent_state, bool) or agent_state in ("as", "fp")):
+            raise EnvError(
+                f"{self.name}: agent_state must be 'as' (or true), 'fp' or false, got "
+                f"{agent_state!r}"
+            )
         self.reward_only_positive = reward_only_positive
         self.regeneration_reward = regeneration_reward
-        self.with_agent_state = agent_state
+        self.with_agent_state = agent_state is not False
+        # "as" or "fp" (None: left out)
+        self.agent_state_form = {True: "as", False: None}.get(agent_state, agent_state)
         self.obs_last_action = obs_last_action
         self.state_last_action = state_last_action
         self.obs_agent_id = obs_agent_id
@@ -222,6 +240,12 @@ class SMACEnv(BatchedEnv):
         self.obs_dim += n * self.n_actions * obs_last_action + n * obs_agent_id
         self.state_dim = n * (4 + sa + type_bits) + m * (3 + se + type_bits)
         self.state_dim += n * self.n_actions * state_last_action
+        a_last = self.n_actions * state_last_action
+        if self.agent_state_form == "fp":
+            agent_state_dim = (n - 1) * (8 + sa + type_bits + a_last) + m * (8 + se + type_bits)
+            agent_state_dim += 4 + 7 + sa + type_bits + a_last + n
+        else:
+            agent_state_dim = self.state_dim + self.obs_dim + n
         self.spec = EnvSpec(
             groups={
                 "allies": GroupSpec(
@@ -229,7 +253,7 @@ class SMACEnv(BatchedEnv):
                     obs_shape=(self.obs_dim,),
                     action=ActionSpec((self.n_actions,)),
                     has_action_mask=True,
-                    agent_state_shape=(self.state_dim + self.obs_dim + n,) if agent_state else None,
+                    agent_state_shape=(agent_state_dim,) if self.with_agent_state else None,
                 )
             },
             state_shape=(self.state_dim,),
@@ -330,6 +354,8 @@ class SMACEnv(BatchedEnv):
         others = [(i, j) for i in range(n) for j in range(n) if j != i]
         self._pair_flat = tensor([i * U + j for i, j in others], torch.int64)
         self._pair_other = tensor([j for _, j in others], torch.int64)
+        self._pair_nn = tensor([i * n + j for i, j in others], torch.int64)  # into [n * n]
+        self._own_head = tensor([1.0, 0.0, 0.0, 0.0])  # the FP state's own visible, distance, x, y
 
         # Unit-type one-hot [U, t] in the map's type order (SMAC's get_unit_type_id).
         names = self.map.unit_types
@@ -473,7 +499,9 @@ class SMACEnv(BatchedEnv):
             alive={"allies": alive},
             action_mask={"allies": mask},
             agent_state=(
-                {"allies": self._agent_state(state, obs, alive)} if self.with_agent_state else {}
+                {"allies": self._agent_state(self._s, state, obs, mask)}
+                if self.with_agent_state
+                else {}
             ),
             stats={k: torch.zeros(E, device=self.device) for k in STAT_NAMES},
         )
@@ -523,7 +551,9 @@ class SMACEnv(BatchedEnv):
             alive={"allies": alive},
             action_mask={"allies": mask},
             agent_state=(
-                {"allies": self._agent_state(state, obs, alive)} if self.with_agent_state else {}
+                {"allies": self._agent_state(after, state, obs, mask)}
+                if self.with_agent_state
+                else {}
             ),
             final_obs={"allies": final_obs},
             final_state=final_state,
@@ -531,7 +561,7 @@ class SMACEnv(BatchedEnv):
             # Only a critic bootstrapping truncated episodes reads it: built on demand.
             final_agent_state=(
                 LazyGroups(
-                    {"allies": lambda: self._agent_state(final_state, final_obs, health[:, :n] > 0)}
+                    {"allies": lambda: self._agent_state(new, final_state, final_obs, final_mask)}
                 )
                 if self.with_agent_state
                 else {}
@@ -819,9 +849,16 @@ class SMACEnv(BatchedEnv):
         state = torch.cat([*units, last.reshape(B, -1)] if self.state_last_action else units, -1)
         return obs, state, mask
 
-    def _agent_state(self, state: Tensor, obs: Tensor, alive: Tensor) -> Tensor:
-        """``[B, n, S + O + n]``: per agent ``[state * alive | obs | one-hot id]`` from ``state
-        [B, S]``, ``obs [B, n, O]`` and ``alive [B, n]``, written in place."""
+    def _agent_state(
+        self, s: dict[str, Tensor], state: Tensor, obs: Tensor, mask: Tensor
+    ) -> Tensor:
+        """The agent-specific state ``[B, n, D]`` of a batch of battles ``s`` whose global
+        state, observations and action masks are ``state [B, S]``, ``obs [B, n, O]`` and ``mask
+        [B, n, A]``: the "AS" form ``[state * alive | obs | one-hot id]``, written in place, or
+        the "FP" form (:meth:`_feature_pruned`)."""
+        if self.agent_state_form == "fp":
+            return self._feature_pruned(s, mask)
+        alive = s["health"][:, : self.n_agents] > 0
         B, n = obs.shape[:2]
         s_dim, o_dim = self.state_dim, self.obs_dim
         out = torch.empty(B, n, s_dim + o_dim + n, device=self.device)
@@ -829,6 +866,53 @@ class SMACEnv(BatchedEnv):
         out[..., s_dim : s_dim + o_dim] = obs
         out[..., s_dim + o_dim :] = self._agent_id
         return out
+
+    def _feature_pruned(self, s: dict[str, Tensor], mask: Tensor) -> Tensor:
+        """The MAPPO paper's feature-pruned agent-specific state ``[B, n, D]`` (the form of its
+        code's ``StarCraft2_Env.get_state_agent`` with that env's defaults: centre coordinates
+        on, last actions and id on, terrain off) of a batch of battles ``s`` with action masks
+        ``mask [B, n, A]``. Each agent sees every living unit, however far: the global state's
+        content in the agent's frame, without the observation's duplicates."""
+        pos, health, shield = s["pos"], s["health"], s["shield"]
+        B = pos.shape[0]
+        n, m, U = self.n_agents, self.n_enemies, self.n_units
+        alive = health > 0
+        x, y = pos[..., 0], pos[..., 1]
+        dx = x[:, None, :] - x[:, :n, None]  # [B, n, U]
+        dy = y[:, None, :] - y[:, :n, None]
+        dist = torch.hypot(dx, dy)
+        # per pair (agent i, unit j): visible, distance, relative x, y over the sight range
+        rel = torch.stack(((dist < SIGHT_RANGE).float(), dist / SIGHT_RANGE, dx / SIGHT_RANGE,
+                           dy / SIGHT_RANGE), -1)  # fmt: skip
+        hp = (health * self._inv_health)[..., None]
+        sh = (shield * self._inv_shield)[..., None]
+        centred = (pos - self._map_size * 0.5) / self._map_size  # [B, U, 2]
+        types = self._type_onehot.expand(B, U, -1)
+        cd = s["cooldown"][:, :n]
+        if self._has_healer:
+            cd = torch.where(self._healer[:n], s["energy"][:, :n], cd)
+        cd = (cd * self._inv_cd[:n])[..., None]
+        a_health = [hp[:, :n], sh[:, :n]] if self._shield_ally else [hp[:, :n]]
+        e_health = [hp[:, n:], sh[:, n:]] if self._shield_enemy else [hp[:, n:]]
+        last = [(s["last_action"][..., None] == self._action_ids).float()]  # [B, n, A]
+        last = last if self.state_last_action else []
+        # Each ally's features as every agent's state shows them, and the agent's own.
+        ally_unit = torch.cat((*a_health, centred[:, :n], types[:, :n], *last), -1)
+        ally = torch.cat((rel[:, :, :n, :1], rel[:, :, :n, 1:], cd[:, None].expand(B, n, n, 1),
+                          ally_unit[:, None].expand(B, n, n, -1)), -1)  # fmt: skip
+        ally = ally * alive[:, None, :n, None]
+        ally = ally.reshape(B, n * n, -1).index_select(1, self._pair_nn).reshape(B, n, -1)
+        # (the agent's action slot j: attack enemy j, or heal ally j for a medivac, as the
+        # paper's env reads it)
+        slot = mask[..., N_NO_ATTACK:, None].float()  # [B, n, m, 1]
+        enemy_unit = torch.cat((*e_health, types[:, n:], centred[:, n:]), -1)  # [B, m, F]
+        enemy = torch.cat((slot, rel[:, :, n:, 1:], rel[:, :, n:, :1],
+                           enemy_unit[:, None].expand(B, n, m, -1)), -1)  # fmt: skip
+        enemy = (enemy * alive[:, None, n:, None]).reshape(B, n, -1)
+        own = torch.cat((self._own_head.expand(B, n, 4), ally_unit), -1)
+        me = alive[:, :n, None].float()
+        parts = (ally * me, enemy * me, mask[..., 2:N_NO_ATTACK].float() * me, own * me)
+        return torch.cat((*parts, self._agent_id.expand(B, n, n)), -1)
 
 
 def _select(cond: Tensor, a: Tensor, b: Tensor) -> Tensor:
