@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mappo.config import AlgoConfig, ModelConfig
-from mappo.envs.base import ActionSpec, EnvSpec, GroupSpec
+from mappo.envs.base import ActionSpec, EnvSpec, EnvStep, GroupSpec
 from mappo.nn.actor_critic import ActorCritic
 from mappo.nn.layers import MLP, AgentLayerNorm, AgentLinear, RecurrentCore
 
@@ -158,6 +158,43 @@ def test_shared_critic_on_global_state_runs_once_per_env() -> None:
     assert local.critic_inputs["agents"].copies == 3
     separate = ActorCritic(spec, ModelConfig(share_params=False), AlgoConfig())
     assert separate.critics["agents"].head.weight.shape[0] == 3
+
+
+def test_concatenated_observations_critic_reads_the_groups_observations_side_by_side() -> None:
+    spec = _spec()
+    obs = torch.randn(4, 3, 6)
+    alive = torch.tensor([[True, False, True]] * 4)
+    step = EnvStep(
+        obs={"agents": obs},
+        state=torch.zeros(4, 18),
+        reward={"agents": torch.zeros(4, 3)},
+        terminated=torch.zeros(4, dtype=torch.bool),
+        truncated=torch.zeros(4, dtype=torch.bool),
+        alive={"agents": alive},
+        final_obs={"agents": obs + 1.0},
+    )
+    shared = ActorCritic(spec, ModelConfig(), AlgoConfig(critic_input="concat_obs"))
+    assert shared.critic_inputs["agents"].copies == 1  # one value per env
+    assert shared.critics["agents"].in_features == 18
+    x = shared.critic_input("agents", step)
+    assert x.shape == (4, 1, 18)
+    torch.testing.assert_close(x[:, 0], obs.reshape(4, 18))
+    torch.testing.assert_close(shared.critic_input("agents", step, final=True)[:, 0], x[:, 0] + 1)
+    # death masking: a dead agent's copy is zeros and its id; the living see everyone
+    masked = ActorCritic(
+        spec, ModelConfig(), AlgoConfig(critic_input="concat_obs", death_masked_critic=True)
+    )
+    x = masked.critic_input("agents", step)
+    assert x.shape == (4, 3, 18 + 3)
+    torch.testing.assert_close(x[:, 0, :18], obs.reshape(4, 18))
+    assert torch.all(x[:, 1, :18] == 0) and torch.equal(x[0, :, 18:], torch.eye(3))
+    images = GroupSpec(("a0", "a1"), (3, 8, 8), ActionSpec((5,)))
+    with pytest.raises(ValueError, match="concat_obs.*model.encoder=cnn"):
+        ActorCritic(
+            EnvSpec({"agents": images}, (6, 8, 8), 10),
+            ModelConfig(encoder="cnn"),
+            AlgoConfig(critic_input="concat_obs"),
+        )
 
 
 @pytest.mark.parametrize("kind", ["gru", "lstm"])

@@ -72,10 +72,11 @@ def test_state_critic_trains_without_the_agent_specific_state(tmp_path):
     }
     with pytest.raises(ValueError, match="no agent-specific state; set algo.critic_input=state"):
         Trainer(C.load("smac/3m", overrides))
-    trainer = Trainer(C.load("smac/3m", {**overrides, "algo.critic_input": "state"}))
-    metrics = trainer.iterate()
-    assert trainer.env_steps == 240 and all(v == v for v in metrics.values())  # no NaN
-    trainer.close()
+    for source in ("state", "concat_obs"):  # (the paper's "EP" and "CL")
+        trainer = Trainer(C.load("smac/3m", {**overrides, "algo.critic_input": source}))
+        metrics = trainer.iterate()
+        assert trainer.env_steps == 240 and all(v == v for v in metrics.values())  # no NaN
+        trainer.close()
 
 
 def test_a_resumed_battle_run_equals_one_never_stopped(tmp_path):

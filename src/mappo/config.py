@@ -162,8 +162,9 @@ class AlgoConfig:
     critic_input: str = _field(
         "state",
         "Critic input: the global state (MAPPO), the "
-        "agent-specific state, or the agent's own observation (IPPO).",
-        choices=("state", "agent_state", "local"),
+        "agent-specific state, the agent's own observation (IPPO), or its group's observations "
+        "side by side (concat_obs: the MAPPO paper's 'CL').",
+        choices=("state", "agent_state", "local", "concat_obs"),
     )
     death_masked_critic: bool = _field(
         False, "Dead agents' critic input is zeros plus their identity (the paper's death masking)."

@@ -122,7 +122,9 @@ def stored_dtypes(env: BatchedEnv, critic_source: str) -> tuple[torch.dtype, tor
     at their input, so training is unchanged; Hanabi's rollouts take a quarter of the memory."""
     if not env.byte_observations:
         return torch.float32, torch.float32
-    return torch.uint8, (torch.uint8 if critic_source in ("state", "local") else torch.float32)
+    return torch.uint8, (
+        torch.uint8 if critic_source in ("state", "local", "concat_obs") else torch.float32
+    )
 
 
 def allocate(policy: ActorCritic, env: BatchedEnv, length: int, bootstrap: bool) -> Rollout:

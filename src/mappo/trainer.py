@@ -649,18 +649,15 @@ def _network_memory_problem(
         maps = _conv_reads(cfg, spec, shape) if m.encoder == "cnn" and len(shape) == 3 else None
         return math.prod(shape) if maps is None else maps
 
+    from mappo.nn.actor_critic import critic_input_shape
+
     weights = 0
-    for group in spec.groups.values():
+    for name, group in spec.groups.items():
         copies = 1 if m.share_params else group.num_agents
         weights += reads(tuple(group.obs_shape)) * width * copies
         if cfg.family == "ppo":  # the critic: its input's shape
             source = getattr(cfg.algo, "critic_input", "state")
-            shape = {
-                "state": spec.state_shape,
-                "agent_state": group.agent_state_shape or (),
-                "local": group.obs_shape,
-            }[source]
-            weights += reads(tuple(shape)) * width * copies
+            weights += reads(critic_input_shape(spec, name, source)) * width * copies
     if cfg.algo.name == "maddpg":  # its critic reads the state flat beside every action
         joint = sum(g.num_agents * g.action.total for g in spec.groups.values())
         weights += (math.prod(spec.state_shape) + joint) * width

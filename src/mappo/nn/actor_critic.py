@@ -347,11 +347,21 @@ class Critic(nn.Module):
         return self.normalizer.normalize(returns.unsqueeze(-1)).squeeze(-1)
 
 
+def critic_input_shape(spec: EnvSpec, name: str, source: str) -> tuple[int, ...]:
+    """The unflattened shape of group ``name``'s critic input from ``source`` (an
+    ``algo.critic_input``), before any agent id."""
+    group = spec.groups[name]
+    if source == "concat_obs":
+        return (group.num_agents * math.prod(group.obs_shape),)
+    shape = {"state": spec.state_shape, "agent_state": group.agent_state_shape or ()}
+    return tuple(shape.get(source, group.obs_shape))
+
+
 @dataclass
 class CriticInput:
     """How a group's critic input is built from an :class:`EnvStep`."""
 
-    source: str  # "state" | "agent_state" | "local"
+    source: str  # "state" | "agent_state" | "local" | "concat_obs"
     copies: int  # 1 = one value per env, shared by the group's agents; n = one per agent
     agent_id: bool
     death_mask: bool
@@ -375,17 +385,20 @@ class ActorCritic(nn.Module):
                     f"config field 'algo.critic_input' is 'agent_state' but this env gives "
                     f"group '{name}' no agent-specific state; set algo.critic_input=state"
                 )
-            shape = {
-                "state": spec.state_shape,
-                "agent_state": group.agent_state_shape or (),
-                "local": group.obs_shape,
-            }[source]
+            if source == "concat_obs" and model.encoder == "cnn" and len(group.obs_shape) == 3:
+                raise ConfigError(
+                    f"config field 'algo.critic_input' is 'concat_obs', which lays group "
+                    f"'{name}'s pictures end to end as one flat input, but model.encoder=cnn "
+                    "reads pictures; set algo.critic_input=state (the adapters stack the "
+                    "agents' pictures along their channels) or model.encoder=mlp"
+                )
+            shape = critic_input_shape(spec, name, source)
             width = math.prod(shape)
             agent_id = model.agent_id or algo.death_masked_critic
             # With the global state as input, shared parameters and nothing agent-specific, every
             # agent's critic sees the same input and returns the same value: compute it once per
             # env. The loss against each agent's target is unchanged (the value is broadcast).
-            per_env = source == "state" and model.share_params and not agent_id
+            per_env = source in ("state", "concat_obs") and model.share_params and not agent_id
             copies = 1 if per_env else n
             self.critic_inputs[name] = CriticInput(
                 source, copies, agent_id, algo.death_masked_critic
@@ -408,8 +421,11 @@ class ActorCritic(nn.Module):
         pre-reset observation the last episode ended on)."""
         ci = self.critic_inputs[name]
         group = self.spec.groups[name]
-        if ci.source == "state":
-            x = (step.final_state if final else step.state).flatten(1).unsqueeze(1)
+        if ci.source in ("state", "concat_obs"):
+            if ci.source == "state":
+                x = (step.final_state if final else step.state).flatten(1).unsqueeze(1)
+            else:  # the group's observations side by side, agent by agent
+                x = (step.final_obs if final else step.obs)[name].flatten(1).unsqueeze(1)
             if ci.copies > 1:
                 x = x.expand(-1, ci.copies, -1)
         elif ci.source == "agent_state":
