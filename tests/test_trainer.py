@@ -535,6 +535,37 @@ def test_an_env_whose_agents_are_never_alive_is_named(tmp_path):
     assert len(stacked) == 1 and "group 'agents'" in stacked[0], stacked
 
 
+def test_a_late_mask_that_allows_nothing_for_a_living_agent_is_named(tmp_path):
+    """Only a user's env's first outputs are checked as they come: an alive agent whose mask
+    allows nothing later on had a forbidden action sampled, taken and trained on, silently.
+    The rollout's masks are checked once it is collected."""
+    from toy_env import MatchEnv
+
+    from mappo.envs import EnvError
+    from mappo.envs.base import OUTPUT_CHECKS
+    from mappo.envs.registry import register
+
+    class ClosesLate(MatchEnv):
+        def _step(self, actions):
+            step = super()._step(actions)
+            self.steps = getattr(self, "steps", 0) + 1
+            if self.steps == OUTPUT_CHECKS + 5:
+                mask = step.action_mask["agents"].clone()
+                mask[3, 1] = False
+                step.action_mask = {"agents": mask}
+            return step
+
+    register("toy/closes_late", ClosesLate)
+    overrides = {**TINY, "env.name": "toy/closes_late", "env.kwargs": {"masks": True}}
+    cfg = C.load(None, {**overrides, "run_dir": str(tmp_path)})
+    message = (
+        "toy/match: action_mask\\['agents'\\] allows no action for alive agent 1 of env 3 at "
+        f"step {OUTPUT_CHECKS + 5} of a rollout; allow at least one"
+    )
+    with pytest.raises(EnvError, match=message):
+        train(cfg)
+
+
 def test_checkpoint_loads_without_running_code(tmp_path):
     evil = tmp_path / "evil.pt"
     import pickle

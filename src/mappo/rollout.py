@@ -26,7 +26,7 @@ from mappo.data import (
     step_from_dict,
     step_to_dict,
 )
-from mappo.envs.base import BatchedEnv, EnvError
+from mappo.envs.base import BatchedEnv, EnvError, is_users_env
 from mappo.nn.actor_critic import ActorCritic
 
 
@@ -512,6 +512,8 @@ class Collector:
             ro.truncated[t] = self.step.truncated
             self.starts = self.step.done
             t += 1
+        if is_users_env(self.env):
+            _check_stored_masks(self.env, ro)
         starts = self.starts.unsqueeze(0)
         later: dict[str, GroupBuffer] = {}
         finals: dict[str, Tensor] = {}
@@ -635,6 +637,27 @@ _STEP_RECORDS = ("starts", "terminated", "truncated")
 _GROUP_RECORDS = ("obs", "alive", "actor_state", "actions", "log_probs", "critic_x", "rewards")
 """What it records of each step for every group; ``action_mask``, ``critic_state``, ``values``
 and ``final`` where the group has them."""
+
+
+def _check_stored_masks(env: BatchedEnv, ro: Rollout) -> None:
+    """Refuse a rollout in which a user's env gave an agent it marks alive an action mask that
+    allows nothing (one check per rollout). Only an env's first outputs are checked as they
+    come (:func:`~mappo.envs.base.check_output`); after them such a mask left the policy to
+    sample a forbidden action, which the env took and the loss scored, with no error."""
+    for name, buf in ro.groups.items():
+        if buf.action_mask is None:
+            continue
+        start = 0
+        for size in env.spec.groups[name].action.nvec:
+            empty = ~buf.action_mask[..., start : start + size].any(-1) & buf.alive
+            if bool(empty.any()):
+                t, e, i = (int(v) for v in empty.nonzero()[0])
+                raise EnvError(
+                    f"{env.name}: action_mask['{name}'] allows no action for alive agent {i} "
+                    f"of env {e} at step {t} of a rollout; allow at least one (a no-op), or "
+                    "mark the agent not alive"
+                )
+            start += size
 
 
 def _check_bytes(env: BatchedEnv, x: Tensor, what: str) -> None:
