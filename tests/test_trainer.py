@@ -557,13 +557,18 @@ def test_a_late_mask_that_allows_nothing_for_a_living_agent_is_named(tmp_path):
 
     register("toy/closes_late", ClosesLate)
     overrides = {**TINY, "env.name": "toy/closes_late", "env.kwargs": {"masks": True}}
-    cfg = C.load(None, {**overrides, "run_dir": str(tmp_path)})
+    cfg = C.load(None, {**overrides, "run_dir": str(tmp_path / "mappo")})
     message = (
         "toy/match: action_mask\\['agents'\\] allows no action for alive agent 1 of env 3 at "
         f"step {OUTPUT_CHECKS + 5} of a rollout; allow at least one"
     )
     with pytest.raises(EnvError, match=message):
         train(cfg)
+    # the episodes of the value family: the same check (the reset is the episode's step 0)
+    overrides = {k: v for k, v in overrides.items() if k not in ("algo.epochs", "rollout_length")}
+    overrides.update({"algo.name": "vdn", "run_dir": str(tmp_path / "vdn")})
+    with pytest.raises(EnvError, match="agent 1 of env 3 at step [0-9]+ of an episode; allow"):
+        train(C.load(None, overrides))
 
 
 def test_checkpoint_loads_without_running_code(tmp_path):

@@ -26,7 +26,7 @@ from mappo.data import (
     step_from_dict,
     step_to_dict,
 )
-from mappo.envs.base import BatchedEnv, EnvError, is_users_env
+from mappo.envs.base import BatchedEnv, EnvError, is_users_env, living_without_actions
 from mappo.nn.actor_critic import ActorCritic
 
 
@@ -647,17 +647,15 @@ def _check_stored_masks(env: BatchedEnv, ro: Rollout) -> None:
     for name, buf in ro.groups.items():
         if buf.action_mask is None:
             continue
-        start = 0
-        for size in env.spec.groups[name].action.nvec:
-            empty = ~buf.action_mask[..., start : start + size].any(-1) & buf.alive
-            if bool(empty.any()):
-                t, e, i = (int(v) for v in empty.nonzero()[0])
-                raise EnvError(
-                    f"{env.name}: action_mask['{name}'] allows no action for alive agent {i} "
-                    f"of env {e} at step {t} of a rollout; allow at least one (a no-op), or "
-                    "mark the agent not alive"
-                )
-            start += size
+        nvec = env.spec.groups[name].action.nvec
+        found = living_without_actions(nvec, buf.action_mask, buf.alive)
+        if found:
+            t, e, i = found
+            raise EnvError(
+                f"{env.name}: action_mask['{name}'] allows no action for alive agent {i} of "
+                f"env {e} at step {t} of a rollout; allow at least one (a no-op), or mark the "
+                "agent not alive"
+            )
 
 
 def _check_bytes(env: BatchedEnv, x: Tensor, what: str) -> None:

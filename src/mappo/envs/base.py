@@ -317,6 +317,19 @@ class BatchedEnv(abc.ABC):
                 )
 
 
+def living_without_actions(nvec: tuple[int, ...], mask: Tensor, alive: Tensor) -> tuple[int, ...]:
+    """The index into ``alive [...]`` of the first agent marked alive whose action mask
+    ``mask [..., sum(nvec)]`` allows no action in some head; ``()`` where there is none (one
+    sync with the device)."""
+    start = 0
+    for size in nvec:
+        empty = ~mask[..., start : start + size].any(-1) & alive
+        if bool(empty.any()):
+            return tuple(int(v) for v in empty.nonzero()[0])
+        start += size
+    return ()
+
+
 def _remember_masks(fn: Any) -> Any:
     @functools.wraps(fn)
     def wrapper(self: BatchedEnv, *args: Any, **kwargs: Any) -> EnvStep:
