@@ -288,6 +288,96 @@ def test_agent_state_can_be_left_out() -> None:
     assert ended > 0
 
 
+@pytest.mark.parametrize("form", ["as", "fp"])
+def test_stacked_frames_are_the_episodes_last_k(form: str) -> None:
+    """``stacked_frames=k``: every output is the last k frames of its own episode, oldest first,
+    zeros before its first step (the final outputs too), with the same battles as unstacked."""
+    k = 3
+    kwargs = {"num_envs": 6, "seed": 4, "agent_state": form, "obs_last_action": True}
+    plain = _env("3m", **kwargs)
+    stacked = _env("3m", stacked_frames=k, **kwargs)
+    group = stacked.spec.groups["allies"]
+    plain_group = plain.spec.groups["allies"]
+    assert group.obs_shape == (k * plain_group.obs_shape[0],)
+    assert stacked.spec.state_shape == (k * plain.spec.state_shape[0],)
+    assert group.agent_state_shape == (k * plain_group.agent_state_shape[0],)
+
+    def stack(frames: list[torch.Tensor]) -> torch.Tensor:
+        frames = [torch.zeros_like(frames[0])] * (k - len(frames)) + frames[-k:]
+        return torch.cat(frames, -1)
+
+    keys = ("obs", "state", "agent_state")
+    a, b = plain.reset(), stacked.reset()
+
+    def frames_of(step) -> dict[str, torch.Tensor]:
+        return {"obs": step.obs["allies"], "state": step.state,
+                "agent_state": step.agent_state["allies"]}  # fmt: skip
+
+    episodes = [{key: [frames_of(a)[key][e]] for key in keys} for e in range(6)]
+    gen = torch.Generator().manual_seed(0)
+    ended = 0
+    for _ in range(90):  # crosses auto-resets
+        actions = _masked_random(plain, a, gen)
+        a, b = plain.step(actions), stacked.step(actions)
+        assert torch.equal(a.reward["allies"], b.reward["allies"])
+        finals = {"obs": a.final_obs["allies"], "state": a.final_state,
+                  "agent_state": a.final_agent_state["allies"]}  # fmt: skip
+        stacked_finals = {"obs": b.final_obs["allies"], "state": b.final_state,
+                          "agent_state": b.final_agent_state["allies"]}  # fmt: skip
+        for e in range(6):
+            for key in keys:
+                history = episodes[e][key]
+                assert torch.equal(stacked_finals[key][e], stack([*history, finals[key][e]]))
+                if bool(a.done[e]):
+                    history.clear()
+                    ended += key == "obs"
+                history.append(frames_of(a)[key][e])
+                assert torch.equal(frames_of(b)[key][e], stack(history)), key
+    assert ended >= 6
+
+
+def test_stacked_frames_go_with_the_env_state() -> None:
+    """An env set to another's state (its frames kept included) goes on as that env does; a
+    reset or a set battle keeps its frames' shape, and bad frames are named."""
+    a = _env("2s3z", num_envs=3, seed=1, stacked_frames=4, agent_state="fp")
+    b = _env("2s3z", num_envs=3, seed=2, stacked_frames=4, agent_state="fp")
+    gen = torch.Generator().manual_seed(1)
+    step = a.reset(seed=1)
+    for _ in range(6):
+        step = a.step(_masked_random(a, step, gen))
+    state = a.get_state()
+    assert state["obs_history"].shape == (3, 5, 3, a.obs_dim)
+    assert state["state_history"].shape == (3, 3, a.state_dim)
+    assert state["agent_state_history"].shape[:3] == (3, 5, 3)
+    b.generator.set_state(a.generator.get_state())
+    set_step = b.set_state(state)
+    assert torch.equal(set_step.obs["allies"], step.obs["allies"])
+    assert torch.equal(set_step.agent_state["allies"], step.agent_state["allies"])
+    for _ in range(30):
+        actions = _masked_random(a, step, gen)
+        step, other = a.step(actions), b.step(actions)
+        assert torch.equal(step.obs["allies"], other.obs["allies"])
+        assert torch.equal(step.state, other.state)
+        assert torch.equal(step.final_agent_state["allies"], other.final_agent_state["allies"])
+    # Setting part of the battle keeps the frames before the current one.
+    before = a.get_state()["obs_history"]
+    set_step = a.set_state({"health": a.get_state()["health"]})
+    assert torch.equal(a.get_state()["obs_history"], before)
+    assert torch.equal(set_step.obs["allies"], step.obs["allies"])
+    with pytest.raises(EnvError, match="state 'obs_history' has shape"):
+        a.set_state({"obs_history": torch.zeros(3, 5, 2, a.obs_dim)})
+    with pytest.raises(EnvError, match="obs_history"):
+        _env("2s3z", num_envs=3).set_state({"obs_history": state["obs_history"]})
+    after_reset = a.reset().obs["allies"]
+    assert torch.equal(after_reset[..., : 3 * a.obs_dim], torch.zeros(3, 5, 3 * a.obs_dim))
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.0, True, "4"])
+def test_bad_stacked_frames_raise(bad: object) -> None:
+    with pytest.raises(EnvError, match="stacked_frames must be a whole number >= 1"):
+        make("smac/3m", stacked_frames=bad)
+
+
 def test_bad_actions_raise() -> None:
     env = _env("3m", num_envs=2)
     step = env.reset()

@@ -79,13 +79,16 @@ def test_state_critic_trains_without_the_agent_specific_state(tmp_path):
         trainer.close()
 
 
-def test_a_resumed_battle_run_equals_one_never_stopped(tmp_path):
+@pytest.mark.parametrize("stacked_frames", [1, 3])
+def test_a_resumed_battle_run_equals_one_never_stopped(tmp_path, stacked_frames):
     """Battles that end after the resume restart from the spare battles drawn before it (the
-    env's state holds them): a run resumed at a checkpoint learns what the run never stopped
-    learns, bit for bit (the resumed run's battles started from other positions)."""
+    env's state holds them, and the stacked frames kept): a run resumed at a checkpoint learns
+    what the run never stopped learns, bit for bit (the resumed run's battles started from
+    other positions)."""
     from mappo.trainer import load_checkpoint, resume
 
     over = {
+        "env.kwargs.stacked_frames": stacked_frames,
         "env.num_envs": 8,
         "rollout_length": 30,
         "total_env_steps": 8 * 30 * 4,
@@ -103,6 +106,7 @@ def test_a_resumed_battle_run_equals_one_never_stopped(tmp_path):
     later = part.dir / "checkpoints" / "iter_00000004.pt"
     env_state = load_checkpoint(later)["learner"]["collector"]["env"]["state"]
     assert "spare_health" in env_state and "spare_age" in env_state
+    assert ("obs_history" in env_state) == (stacked_frames > 1)
     later.unlink()  # stopped after its checkpoint of iteration 2
     resumed = resume(part.dir)
     a, b = full.policy.state_dict(), resumed.policy.state_dict()

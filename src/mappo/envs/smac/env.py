@@ -98,6 +98,8 @@ RESET_REDRAW = 8
 """Steps between redraws of the spare starting battles used by auto-resets (see ``_spare``)."""
 SPARE = "spare_"
 """The prefix of the spare battle's keys in :meth:`SMACEnv.get_state`."""
+HISTORY = "_history"
+"""The suffix of the stacked frames' keys in :meth:`SMACEnv.get_state`."""
 
 
 class SMACEnv(BatchedEnv):
@@ -165,6 +167,10 @@ class SMACEnv(BatchedEnv):
         obs_last_action, obs_agent_id: the observation's last actions and one-hot id (above).
             SMAC's own defaults are ``False``; the MAPPO paper's copy of SMAC's env turns both
             on (its ``StarCraft2_Env``), and the ``smac/<map>`` MAPPO presets do so too.
+        stacked_frames: ``k``: the observation, the global state and the agent-specific state
+            are each the episode's last ``k`` frames side by side, oldest first, zeros before
+            its first step (sizes ``k`` times the above; the MAPPO paper's scripts stack 4 on
+            3s_vs_4z and 3s_vs_5z). 1 (the default) stacks nothing.
     """
 
     def __init__(
@@ -182,6 +188,7 @@ class SMACEnv(BatchedEnv):
         state_last_action: bool = True,
         obs_last_action: bool = False,
         obs_agent_id: bool = False,
+        stacked_frames: int = 1,
     ) -> None:
         self.name = f"smac/{map_name}"
         self.map: MapSpec = get_map(map_name)
@@ -215,6 +222,16 @@ class SMACEnv(BatchedEnv):
                 f"{self.name}: agent_state must be 'as' (or true), 'fp' or false, got "
                 f"{agent_state!r}"
             )
+        if (
+            isinstance(stacked_frames, bool)
+            or not isinstance(stacked_frames, int)
+            or stacked_frames < 1
+        ):
+            raise EnvError(
+                f"{self.name}: stacked_frames must be a whole number >= 1 (1: no stacking), got "
+                f"{stacked_frames!r}"
+            )
+        self.stacked_frames = k = stacked_frames
         self.reward_only_positive = reward_only_positive
         self.regeneration_reward = regeneration_reward
         self.with_agent_state = agent_state is not False
@@ -250,13 +267,13 @@ class SMACEnv(BatchedEnv):
             groups={
                 "allies": GroupSpec(
                     agents=tuple(f"ally_{i}" for i in range(n)),
-                    obs_shape=(self.obs_dim,),
+                    obs_shape=(self.obs_dim * k,),
                     action=ActionSpec((self.n_actions,)),
                     has_action_mask=True,
-                    agent_state_shape=(agent_state_dim,) if self.with_agent_state else None,
+                    agent_state_shape=(agent_state_dim * k,) if self.with_agent_state else None,
                 )
             },
-            state_shape=(self.state_dim,),
+            state_shape=(self.state_dim * k,),
             episode_limit=self.map.limit,
             stat_names=STAT_NAMES,
         )
@@ -269,6 +286,9 @@ class SMACEnv(BatchedEnv):
         self._spare: dict[str, Tensor] = {}
         self._spare_view: tuple[Tensor, Tensor, Tensor] | None = None
         self._spare_age = 0
+        # With stacked frames: per stacked output ("obs" [E, n, k, O], "state" [E, k, S],
+        # "agent_state" [E, n, k, D]) its last k frames, the newest last.
+        self._window: dict[str, Tensor] = {}
         self.reset(seed)
 
     # -- static tables ------------------------------------------------------------------------
@@ -433,8 +453,15 @@ class SMACEnv(BatchedEnv):
         it was drawn, one count for every env, as they are redrawn together; :meth:`set_state`
         takes the largest given): without them a run resumed from a checkpoint restarted its
         battles from other positions than the run never stopped.
+
+        With ``stacked_frames=k > 1`` the k - 1 frames before the current one of each stacked
+        output, oldest first, are there as well (zeros before an episode's first step):
+        ``obs_history [E, n, k - 1, O]``, ``state_history [E, k - 1, S]`` and, with the
+        agent-specific state, ``agent_state_history [E, n, k - 1, D]`` (``O``, ``S``, ``D``: one
+        frame's size). :meth:`set_state` recomputes the current frame from the battle.
         """
         state = {k: v.clone() for k, v in self._s.items()}
+        state.update({f"{k}{HISTORY}": w[..., :-1, :].clone() for k, w in self._window.items()})
         state.update({f"{SPARE}{k}": v.clone() for k, v in self._spare.items()})
         state[f"{SPARE}age"] = torch.full(
             (self.num_envs,), self._spare_age, dtype=torch.int64, device=self.device
@@ -445,11 +472,13 @@ class SMACEnv(BatchedEnv):
         """Overwrite the given keys of :meth:`get_state` for envs ``env_ids`` (all when
         ``None``); keys left out keep their current values."""
         spare_keys = {f"{SPARE}{k}" for k in self._spare} | {f"{SPARE}age"}
-        unknown = set(state) - set(self._s) - spare_keys
+        history_keys = {f"{k}{HISTORY}" for k in self._window}
+        unknown = set(state) - set(self._s) - spare_keys - history_keys
         if unknown:
+            histories = f", {', '.join(sorted(history_keys))}" if history_keys else ""
             raise EnvError(
                 f"{self.name}: unknown state keys {sorted(unknown)}; expected some of "
-                f"{sorted(self._s)} or their spare_ forms (see get_state)"
+                f"{sorted(self._s)}, their spare_ forms{histories} (see get_state)"
             )
         if env_ids is None:
             ids = torch.arange(self.num_envs, device=self.device)
@@ -462,7 +491,10 @@ class SMACEnv(BatchedEnv):
                 if ages.numel() > 0:
                     self._spare_age = min(max(int(ages.max()), 0), RESET_REDRAW - 1)
                 continue
-            cur = self._spare[key[len(SPARE) :]] if key in spare_keys else self._s[key]
+            if key in history_keys:  # (a view: the frames before the current one)
+                cur = self._window[key[: -len(HISTORY)]][..., :-1, :]
+            else:
+                cur = self._spare[key[len(SPARE) :]] if key in spare_keys else self._s[key]
             value = torch.as_tensor(value, device=self.device, dtype=cur.dtype)
             expected = (len(ids), *cur.shape[1:])
             if tuple(value.shape) != expected:
@@ -481,28 +513,37 @@ class SMACEnv(BatchedEnv):
     def reset(self, seed: int | None = None) -> EnvStep:
         self.reseed(seed)
         self._s = self._initial_state()
+        self._window = {}
         self._redraw_spare()
         return self._observe_now()
 
     def _observe_now(self) -> EnvStep:
         obs, state, mask = self._observe(self._s)
         self._mask = mask
+        frames = {"obs": obs, "state": state}
+        if self.with_agent_state:
+            frames["agent_state"] = self._agent_state(self._s, state, obs, mask)
+        if self.stacked_frames > 1:
+            # The current frames after the ones kept (none after a reset: zeros).
+            k = self.stacked_frames
+            for key, frame in frames.items():
+                old = self._window.get(key)
+                if old is None:
+                    old = frame.new_zeros(*frame.shape[:-1], k, frame.shape[-1])
+                self._window[key] = torch.cat((old[..., :-1, :], frame.unsqueeze(-2)), -2)
+                frames[key] = self._window[key].flatten(-2)
         E, n = self.num_envs, self.n_agents
         alive = self._s["health"][:, :n] > 0
         false = torch.zeros(E, dtype=torch.bool, device=self.device)
         return EnvStep(
-            obs={"allies": obs},
-            state=state,
+            obs={"allies": frames["obs"]},
+            state=frames["state"],
             reward={"allies": torch.zeros(E, n, device=self.device)},
             terminated=false,
             truncated=false.clone(),
             alive={"allies": alive},
             action_mask={"allies": mask},
-            agent_state=(
-                {"allies": self._agent_state(self._s, state, obs, mask)}
-                if self.with_agent_state
-                else {}
-            ),
+            agent_state={"allies": frames["agent_state"]} if self.with_agent_state else {},
             stats={k: torch.zeros(E, device=self.device) for k in STAT_NAMES},
         )
 
@@ -542,29 +583,43 @@ class SMACEnv(BatchedEnv):
         self._spare_age += 1
         if self._spare_age >= RESET_REDRAW:
             self._redraw_spare()
+        frames = {"obs": obs, "state": state}
+        if self.with_agent_state:
+            frames["agent_state"] = self._agent_state(after, state, obs, mask)
+
+        history: dict[str, Tensor] = {}
+        if self.stacked_frames > 1:
+            # Each output's k - 1 frames before this step's go before the frame the episode
+            # ended on (final_*) and, cleared where a new episode began, before the next one.
+            history = {key: window[..., 1:, :] for key, window in self._window.items()}
+            for key, frame in frames.items():
+                kept = _select(done, torch.zeros_like(history[key]), history[key])
+                self._window[key] = torch.cat((kept, frame.unsqueeze(-2)), -2)
+                frames[key] = self._window[key].flatten(-2)
+        unstacked = (final_state, final_obs, final_mask)
+
+        def final_agent_state() -> Tensor:
+            frame = self._agent_state(new, *unstacked)
+            return _stacked(history["agent_state"], frame) if history else frame
+
+        if history:
+            final_obs = _stacked(history["obs"], final_obs)
+            final_state = _stacked(history["state"], final_state)
         return EnvStep(
-            obs={"allies": obs},
-            state=state,
+            obs={"allies": frames["obs"]},
+            state=frames["state"],
             reward={"allies": reward[:, None].expand(E, n).contiguous()},
             terminated=terminated,
             truncated=truncated,
             alive={"allies": alive},
             action_mask={"allies": mask},
-            agent_state=(
-                {"allies": self._agent_state(after, state, obs, mask)}
-                if self.with_agent_state
-                else {}
-            ),
+            agent_state={"allies": frames["agent_state"]} if self.with_agent_state else {},
             final_obs={"allies": final_obs},
             final_state=final_state,
             final_action_mask={"allies": final_mask},
             # Only a critic bootstrapping truncated episodes reads it: built on demand.
             final_agent_state=(
-                LazyGroups(
-                    {"allies": lambda: self._agent_state(new, final_state, final_obs, final_mask)}
-                )
-                if self.with_agent_state
-                else {}
+                LazyGroups({"allies": final_agent_state}) if self.with_agent_state else {}
             ),
             stats=stats,
         )
@@ -913,6 +968,12 @@ class SMACEnv(BatchedEnv):
         me = alive[:, :n, None].float()
         parts = (ally * me, enemy * me, mask[..., 2:N_NO_ATTACK].float() * me, own * me)
         return torch.cat((*parts, self._agent_id.expand(B, n, n)), -1)
+
+
+def _stacked(history: Tensor, frame: Tensor) -> Tensor:
+    """``[..., (k - 1) * D + D]``: the frames ``history [..., k - 1, D]`` then ``frame [..., D]``,
+    oldest first."""
+    return torch.cat((history, frame.unsqueeze(-2)), -2).flatten(-2)
 
 
 def _select(cond: Tensor, a: Tensor, b: Tensor) -> Tensor:
