@@ -538,7 +538,7 @@ def test_an_env_whose_agents_are_never_alive_is_named(tmp_path):
 def test_a_late_mask_that_allows_nothing_for_a_living_agent_is_named(tmp_path):
     """Only a user's env's first outputs are checked as they come: an alive agent whose mask
     allows nothing later on had a forbidden action sampled, taken and trained on, silently.
-    The rollout's masks are checked once it is collected."""
+    The rollout's masks are checked once it is collected, an evaluation's as it goes."""
     from toy_env import MatchEnv
 
     from mappo.envs import EnvError
@@ -569,6 +569,16 @@ def test_a_late_mask_that_allows_nothing_for_a_living_agent_is_named(tmp_path):
     overrides.update({"algo.name": "vdn", "run_dir": str(tmp_path / "vdn")})
     with pytest.raises(EnvError, match="agent 1 of env 3 at step [0-9]+ of an episode; allow"):
         train(C.load(None, overrides))
+    # an evaluation (greedy: the argmax of nothing) after the env's checked outputs
+    from mappo.evaluation import evaluate
+
+    policy = Trainer(cfg).policy
+    env = ClosesLate(num_envs=4, masks=True)
+    step = env.reset(seed=0)
+    for _ in range(OUTPUT_CHECKS + 2):
+        step = env.step({"agents": step.action_mask["agents"].int().argmax(-1, keepdim=True)})
+    with pytest.raises(EnvError, match="agent 1 of env 3 at step 3 of an evaluation; allow"):
+        evaluate(policy, env, seed=0)
 
 
 def test_checkpoint_loads_without_running_code(tmp_path):

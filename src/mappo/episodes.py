@@ -28,7 +28,7 @@ from torch import Tensor
 
 from mappo.acting import Acting, act
 from mappo.data import EpisodeBatch, check_bytes
-from mappo.envs.base import BatchedEnv, EnvError, is_users_env, living_without_actions
+from mappo.envs.base import BatchedEnv, is_users_env, refuse_living_without_actions
 from mappo.rollout import EpisodeTracker
 
 
@@ -178,16 +178,8 @@ class EpisodeCollector:
             _put(b.state, t + 1, step.state, active)
         if is_users_env(env):
             # (as mappo.rollout's check: only an env's first outputs are checked as they come)
-            for name, mask in b.action_mask.items():
-                acting = b.alive[name] & b.filled[..., None]
-                found = living_without_actions(env.spec.groups[name].action.nvec, mask, acting)
-                if found:
-                    t, e, i = found
-                    raise EnvError(
-                        f"{env.name}: action_mask['{name}'] allows no action for alive agent "
-                        f"{i} of env {e} at step {t} of an episode; allow at least one (a "
-                        "no-op), or mark the agent not alive"
-                    )
+            acting = {name: a & b.filled[..., None] for name, a in b.alive.items()}
+            refuse_living_without_actions(env, b.action_mask, acting, "an episode")
         if gap is not None:
             self._group_checks -= 1
         if gap is not None and float(gap) > 1e-6:

@@ -7,7 +7,13 @@ from collections.abc import Callable
 import torch
 
 from mappo.acting import Acting, act
-from mappo.envs.base import BatchedEnv, EnvError, explained
+from mappo.envs.base import (
+    BatchedEnv,
+    EnvError,
+    explained,
+    is_users_env,
+    refuse_living_without_actions,
+)
 
 
 class EvaluationStopped(Exception):
@@ -50,9 +56,14 @@ def _evaluate(
     finished = torch.zeros(E, dtype=torch.bool, device=env.device)
     final_returns = torch.zeros(E, device=env.device)
     stats = {name: torch.zeros(E, device=env.device) for name in env.spec.stat_names}
-    for _ in range(env.spec.episode_limit + 1):
+    # (a user's env's masks, as a rollout's: an agent left no action got the argmax of nothing)
+    users = is_users_env(env)
+    for t in range(env.spec.episode_limit + 1):
         if stop is not None and stop():
             raise EvaluationStopped
+        if users and step.action_mask:
+            counted = {name: a & ~finished[:, None] for name, a in step.alive.items()}
+            refuse_living_without_actions(env, step.action_mask, counted, "an evaluation", t)
         acted = act(
             policy, step.obs, step.action_mask, states, starts, deterministic, generator=generator
         )

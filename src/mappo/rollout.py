@@ -26,7 +26,7 @@ from mappo.data import (
     step_from_dict,
     step_to_dict,
 )
-from mappo.envs.base import BatchedEnv, EnvError, is_users_env, living_without_actions
+from mappo.envs.base import BatchedEnv, EnvError, is_users_env, refuse_living_without_actions
 from mappo.nn.actor_critic import ActorCritic
 
 
@@ -641,21 +641,10 @@ and ``final`` where the group has them."""
 
 def _check_stored_masks(env: BatchedEnv, ro: Rollout) -> None:
     """Refuse a rollout in which a user's env gave an agent it marks alive an action mask that
-    allows nothing (one check per rollout). Only an env's first outputs are checked as they
-    come (:func:`~mappo.envs.base.check_output`); after them such a mask left the policy to
-    sample a forbidden action, which the env took and the loss scored, with no error."""
-    for name, buf in ro.groups.items():
-        if buf.action_mask is None:
-            continue
-        nvec = env.spec.groups[name].action.nvec
-        found = living_without_actions(nvec, buf.action_mask, buf.alive)
-        if found:
-            t, e, i = found
-            raise EnvError(
-                f"{env.name}: action_mask['{name}'] allows no action for alive agent {i} of "
-                f"env {e} at step {t} of a rollout; allow at least one (a no-op), or mark the "
-                "agent not alive"
-            )
+    allows nothing (one check per rollout)."""
+    masks = {name: buf.action_mask for name, buf in ro.groups.items()}
+    alive = {name: buf.alive for name, buf in ro.groups.items()}
+    refuse_living_without_actions(env, masks, alive, "a rollout")
 
 
 def _check_bytes(env: BatchedEnv, x: Tensor, what: str) -> None:

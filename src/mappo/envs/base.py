@@ -330,6 +330,32 @@ def living_without_actions(nvec: tuple[int, ...], mask: Tensor, alive: Tensor) -
     return ()
 
 
+def refuse_living_without_actions(
+    env: BatchedEnv,
+    masks: Mapping[str, Tensor | None],
+    alive: Mapping[str, Tensor],
+    where: str,
+    step: int | None = None,
+) -> None:
+    """Raise a one-line :class:`EnvError` where ``masks[name] [..., E, n, sum(nvec)]`` allows no
+    action for an agent that ``alive[name] [..., E, n]`` marks alive. Only an env's first
+    outputs are checked as they come (:func:`check_output`); after them such a mask left the
+    policy to pick a forbidden action, which the env took and a loss scored, with no error.
+    ``where`` names what the steps belong to ("a rollout"); ``step`` is the step of ``[E, n]``
+    inputs (a leading axis of steps gives its own)."""
+    for name, mask in masks.items():
+        if mask is None:
+            continue
+        found = living_without_actions(env.spec.groups[name].action.nvec, mask, alive[name])
+        if found:
+            *t, e, i = found
+            raise EnvError(
+                f"{env.name}: action_mask['{name}'] allows no action for alive agent {i} of env "
+                f"{e} at step {t[0] if t else step} of {where}; allow at least one (a no-op), "
+                "or mark the agent not alive"
+            )
+
+
 def _remember_masks(fn: Any) -> Any:
     @functools.wraps(fn)
     def wrapper(self: BatchedEnv, *args: Any, **kwargs: Any) -> EnvStep:
