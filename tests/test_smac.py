@@ -364,6 +364,10 @@ def test_stacked_frames_go_with_the_env_state() -> None:
     set_step = a.set_state({"health": a.get_state()["health"]})
     assert torch.equal(a.get_state()["obs_history"], before)
     assert torch.equal(set_step.obs["allies"], step.obs["allies"])
+    # (an output already returned is not rewritten by setting the frames)
+    held, copy = set_step.obs["allies"], set_step.obs["allies"].clone()
+    cleared = a.set_state({"obs_history": torch.zeros_like(before)})
+    assert torch.equal(held, copy) and not torch.equal(cleared.obs["allies"], copy)
     with pytest.raises(EnvError, match="state 'obs_history' has shape"):
         a.set_state({"obs_history": torch.zeros(3, 5, 2, a.obs_dim)})
     with pytest.raises(EnvError, match="obs_history"):

@@ -480,6 +480,8 @@ class SMACEnv(BatchedEnv):
                 f"{self.name}: unknown state keys {sorted(unknown)}; expected some of "
                 f"{sorted(self._s)}, their spare_ forms{histories} (see get_state)"
             )
+        # (the outputs already returned are views of the frames kept: written into copies)
+        self._window = {key: window.clone() for key, window in self._window.items()}
         if env_ids is None:
             ids = torch.arange(self.num_envs, device=self.device)
         else:
