@@ -532,7 +532,7 @@ class SMACEnv(BatchedEnv):
                 old = self._window.get(key)
                 if old is None:
                     old = frame.new_zeros(*frame.shape[:-1], k, frame.shape[-1])
-                self._window[key] = torch.cat((old[..., :-1, :], frame.unsqueeze(-2)), -2)
+                self._window[key] = _appended(old[..., :-1, :], frame)
                 frames[key] = self._window[key].flatten(-2)
         E, n = self.num_envs, self.n_agents
         alive = self._s["health"][:, :n] > 0
@@ -596,17 +596,17 @@ class SMACEnv(BatchedEnv):
             history = {key: window[..., 1:, :] for key, window in self._window.items()}
             for key, frame in frames.items():
                 kept = _select(done, torch.zeros_like(history[key]), history[key])
-                self._window[key] = torch.cat((kept, frame.unsqueeze(-2)), -2)
+                self._window[key] = _appended(kept, frame)
                 frames[key] = self._window[key].flatten(-2)
         unstacked = (final_state, final_obs, final_mask)
 
         def final_agent_state() -> Tensor:
             frame = self._agent_state(new, *unstacked)
-            return _stacked(history["agent_state"], frame) if history else frame
+            return _appended(history["agent_state"], frame).flatten(-2) if history else frame
 
         if history:
-            final_obs = _stacked(history["obs"], final_obs)
-            final_state = _stacked(history["state"], final_state)
+            final_obs = _appended(history["obs"], final_obs).flatten(-2)
+            final_state = _appended(history["state"], final_state).flatten(-2)
         return EnvStep(
             obs={"allies": frames["obs"]},
             state=frames["state"],
@@ -972,10 +972,10 @@ class SMACEnv(BatchedEnv):
         return torch.cat((*parts, self._agent_id.expand(B, n, n)), -1)
 
 
-def _stacked(history: Tensor, frame: Tensor) -> Tensor:
-    """``[..., (k - 1) * D + D]``: the frames ``history [..., k - 1, D]`` then ``frame [..., D]``,
-    oldest first."""
-    return torch.cat((history, frame.unsqueeze(-2)), -2).flatten(-2)
+def _appended(history: Tensor, frame: Tensor) -> Tensor:
+    """``[..., k, D]``: the frames ``history [..., k - 1, D]`` then ``frame [..., D]``, oldest
+    first."""
+    return torch.cat((history, frame.unsqueeze(-2)), -2)
 
 
 def _select(cond: Tensor, a: Tensor, b: Tensor) -> Tensor:
