@@ -339,6 +339,35 @@ def test_version_names_mappo_torch_and_python(capsys):
     )
 
 
+def test_version_reads_torchs_build_from_its_version_file(tmp_path, monkeypatch, capsys):
+    # A PyPI wheel's package data says 2.14.1 where torch.__version__ says 2.14.1+cu130: the
+    # build comes from torch's version.py, read as text (nothing of it runs).
+    import importlib.machinery
+    import importlib.util
+    from importlib import metadata
+
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise RuntimeError('imported')\n")
+    (fake / "version.py").write_text("__version__ = '9.8.7+cu999'\ncuda = '99.9'\n")
+    spec = importlib.machinery.ModuleSpec("torch", None, origin=str(fake / "__init__.py"))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: spec if name == "torch" else real_find_spec(name, *a),
+    )
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert "(torch 9.8.7+cu999, Python" in capsys.readouterr().out
+    # A version file without the line: the package data's version.
+    (fake / "version.py").write_text("cuda = None\n")
+    monkeypatch.setattr(metadata, "version", lambda name: "9.8.7")
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert "(torch 9.8.7, Python" in capsys.readouterr().out
+
+
 def test_output_to_a_closed_pipe_stops_quietly():
     # `mappo list | head -1`: the reader goes before the output is written ("mappo: error:
     # Broken pipe" and exit 2 before).

@@ -698,18 +698,39 @@ def _import_modules(args: argparse.Namespace) -> None:
         trust_module(module)  # a saved run may name it (python:<module>:<class>, ...)
 
 
-def _version() -> str:
-    """``mappo X (torch Y, Python Z)``: what a bug report needs (torch's from its package data)."""
-    import platform
+def _torch_version() -> str:
+    """Torch's version as ``torch.__version__`` gives it (with its build, ``+cpu`` or
+    ``+cu130``, which the package data of a PyPI wheel leaves out), read from its
+    ``version.py`` as text so that ``--version`` stays quick and runs nothing of torch's."""
+    import importlib.util
     from importlib import metadata
+    from pathlib import Path
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.origin:
+        try:
+            text = (Path(spec.origin).parent / "version.py").read_text()
+        except OSError:
+            text = ""
+        found = re.search(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", text, re.MULTILINE)
+        if found:
+            return found.group(1)
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _version() -> str:
+    """``mappo X (torch Y, Python Z)``: what a bug report needs."""
+    import platform
 
     from mappo import __version__
 
-    try:
-        torch_version = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        torch_version = "not installed"
-    return f"mappo {__version__} (torch {torch_version}, Python {platform.python_version()})"
+    return f"mappo {__version__} (torch {_torch_version()}, Python {platform.python_version()})"
 
 
 class _VersionAction(argparse.Action):
