@@ -95,7 +95,10 @@ class MultiCategorical:
             # One head, or heads of equal size: the padded layout is a view (a reshape).
             self._logits = logits.reshape(*self.batch_shape, k, width)
         else:
-            gather, pad_valid, self._flat_valid = _padded_layout(nvec, logits.device)
+            # While tracing, the uncached function: its index tensors become the graph's
+            # constants either way, and torch >= 2.14 warns about tracing through a cache.
+            layout = _padded_layout.__wrapped__ if torch.compiler.is_compiling() else _padded_layout
+            gather, pad_valid, self._flat_valid = layout(nvec, logits.device)
             padded = logits.index_select(-1, gather).view(*self.batch_shape, k, width)
             self._logits = torch.where(pad_valid, padded, fill)
 
