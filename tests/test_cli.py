@@ -339,6 +339,22 @@ def test_version_names_mappo_torch_and_python(capsys):
     )
 
 
+@pytest.mark.parametrize(
+    ("argv", "help_of"),
+    [
+        (["bench", "env", "extra"], "mappo bench env"),
+        (["list", "extra"], "mappo list"),
+        (["train", "mpe/simple_spread", "--nope"], "mappo train"),
+    ],
+)
+def test_an_unknown_argument_points_at_its_commands_help(capsys, argv, help_of) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert stopped.value.code == 2
+    assert err == f"mappo: error: unrecognized arguments: {argv[-1]} (see `{help_of} --help`)"
+
+
 def test_version_reads_torchs_build_from_its_version_file(tmp_path, monkeypatch, capsys):
     # A PyPI wheel's package data says 2.14.1 where torch.__version__ says 2.14.1+cu130: the
     # build comes from torch's version.py, read as text (nothing of it runs).

@@ -1062,6 +1062,20 @@ def _quiet_writer_errors(
     then(args)
 
 
+def _command_parser(parser: argparse.ArgumentParser, func: Any) -> argparse.ArgumentParser:
+    """The (sub)command's parser that runs ``func``, so that an error names its own help
+    (``mappo bench env --help``); ``parser`` itself where none does."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                if sub.get_default("func") is func and func is not None:
+                    return sub
+                found = _command_parser(sub, func)
+                if found is not sub:
+                    return found
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -1085,7 +1099,9 @@ def main(argv: list[str] | None = None) -> int:
     if extra and words and all("=" in w and not w.startswith("-") for w in extra):
         setattr(args, words, [*getattr(args, words), *extra])
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        _command_parser(parser, getattr(args, "func", None)).error(
+            f"unrecognized arguments: {' '.join(extra)}"
+        )
     shown_before, hook_before = warnings.showwarning, threading.excepthook
     warnings.showwarning = _show_warning
     threading.excepthook = functools.partial(_quiet_writer_errors, then=hook_before)
