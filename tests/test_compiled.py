@@ -73,6 +73,8 @@ def _assert_same(eager: tuple, compiled: tuple) -> None:
         ),
         # a continuous group (tanh-squashed Gaussian)
         ("mpe/simple_spread_continuous", {"algo.data_chunk_length": 4}),
+        # recurrent actors beside feed-forward critics (no critic state in the chunks)
+        ("mpe/simple_spread", {"model.recurrent_critic": False, "algo.data_chunk_length": 3}),
         # convolutions over images, one set of filters per agent (a grouped convolution)
         ("grid/spread", {"model.share_params": False, "model.cnn_channels": [4]}),
     ],

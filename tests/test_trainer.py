@@ -1130,6 +1130,40 @@ def test_a_signal_gives_up_a_periodic_evaluation_under_way(tmp_path, monkeypatch
     assert bool(rows[0].get("eval/eval_return_mean")) == (when == "rollout")
 
 
+def test_recurrent_actors_beside_feed_forward_critics(tmp_path):
+    """``model.recurrent_critic=false`` (EPyMARL's and CleanMARL's recurrent MAPPO and IPPO):
+    the actors keep their GRU, the critics have none and their values depend on the step's
+    input alone; the run trains on chunks and resumes as the uninterrupted one, bit for bit.
+    The key is refused where nothing reads it."""
+    over = {**RESUME, "model.recurrent_critic": False}
+    full = train("mpe/simple_spread", {**over, "run_dir": str(tmp_path / "a")})
+    names = [n for n, _ in full.policy.named_parameters()]
+    assert any(n.startswith("actors.") and ".rnn." in n for n in names)
+    assert not any(n.startswith("critics.") and ".rnn." in n for n in names)
+    (critic,) = full.policy.critics.values()
+    assert critic.state_size == 0
+    x = torch.randn(5, 4, 1, critic.in_features)
+    state = torch.zeros(4, 1, 0)
+    v_fresh, _ = critic(x, state, torch.ones(5, 4, dtype=torch.bool))
+    v_going, _ = critic(x, state, torch.zeros(5, 4, dtype=torch.bool))
+    torch.testing.assert_close(v_fresh, v_going, rtol=0, atol=0)
+    torch.testing.assert_close(v_fresh[2:], critic(x[2:], state, torch.ones(3, 4).bool())[0])
+
+    part = train("mpe/simple_spread", {**over, "run_dir": str(tmp_path / "b")})
+    for p in sorted((part.dir / "checkpoints").glob("iter_*.pt")):
+        if p.name > "iter_00000004.pt":
+            p.unlink()
+    resumed = resume(part.dir)
+    a, b = _params(full.policy), _params(resumed.policy)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+    with pytest.raises(C.ConfigError, match="'model.recurrent_critic' chooses whether"):
+        C.load("mpe/simple_spread_mappo", ["model.recurrent_critic=false"])
+    with pytest.raises(C.ConfigError, match="'model.recurrent_critic' is read by algo.name"):
+        C.load("smac/3m_qmix", ["model.recurrent_critic=false"])
+
+
 @pytest.mark.parametrize("recurrent", ["none", "gru"])
 def test_the_critics_may_be_wider_than_the_actors(tmp_path, recurrent):
     """``model.critic_hidden_sizes`` (CleanMARL's MAPPO: actors 32 wide, critic 64): the critics'

@@ -73,6 +73,11 @@ class ModelConfig:
         "MAPPO's critics' hidden layer sizes where they differ from the actors' "
         "(None = model.hidden_sizes).",
     )
+    recurrent_critic: bool = _field(
+        True,
+        "MAPPO's critics take model.recurrent's layer too (the paper's); False: feed-forward "
+        "critics beside recurrent actors (EPyMARL's and CleanMARL's recurrent MAPPO and IPPO).",
+    )
     activation: str = _field("relu", "Hidden activation.", choices=("relu", "tanh"))
     encoder: str = _field(
         "mlp",
@@ -1267,6 +1272,7 @@ _MAPPO_ONLY = {
     "rollout_length": "plays whole episodes, env.num_envs of them an iteration",
     "model.critic_hidden_sizes": "sizes its networks by model.hidden_sizes (COMA's critic by "
     "algo.critic_hidden)",
+    "model.recurrent_critic": "builds its critics (or mixers) as its own algorithm does",
     "model.policy_gain": "initialises its networks' heads as PyMARL does",
     "model.action_bounds": "acts in discrete action spaces only",
     "model.log_std_init": "acts in discrete action spaces only",
@@ -1289,7 +1295,11 @@ def unread(cfg: TrainConfig, given: set[str]) -> list[tuple[str, str]]:
                 )  # fmt: skip
     if cfg.family != "ppo":
         for key, why in _MAPPO_ONLY.items():
-            acting = key not in ("rollout_length", "model.critic_hidden_sizes")
+            acting = key not in (
+                "rollout_length",
+                "model.critic_hidden_sizes",
+                "model.recurrent_critic",
+            )
             if cfg.family == "maddpg" and acting:
                 # MADDPG's actor heads take the policy gain; its box actions are deterministic
                 if key == "model.policy_gain":
@@ -1345,6 +1355,12 @@ def unread(cfg: TrainConfig, given: set[str]) -> list[tuple[str, str]]:
             out.append(
                 ("algo.data_chunk_length", "cuts a recurrent network's training sequences, and "
                  "model.recurrent is 'none'; set model.recurrent=gru or drop it")
+            )  # fmt: skip
+        if "model.recurrent_critic" in given and cfg.model.recurrent == "none":
+            out.append(
+                ("model.recurrent_critic", "chooses whether the critics have a recurrent "
+                 "layer like the actors', and model.recurrent is 'none'; set "
+                 "model.recurrent=gru or drop it")
             )  # fmt: skip
         if "algo.value_clip" in given and not algo.clip_value_loss:
             out.append(

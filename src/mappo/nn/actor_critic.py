@@ -296,6 +296,8 @@ class Critic(nn.Module):
         self.bf16 = cfg.precision == "bf16"
         if cfg.critic_hidden_sizes is not None:  # (a critic wider than its actors)
             cfg = dataclasses.replace(cfg, hidden_sizes=list(cfg.critic_hidden_sizes))
+        if not cfg.recurrent_critic:  # (feed-forward beside recurrent actors)
+            cfg = dataclasses.replace(cfg, recurrent="none")
         self.trunk = Trunk(in_features, cfg, copies, shape, what, layout)
         self.head = AgentLinear(self.trunk.out_features, 1, copies)
         self.head.reset_parameters(gain=1.0)
