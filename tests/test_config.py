@@ -47,6 +47,36 @@ def test_feed_forward_fast_preset_gives_both_networks_the_clock() -> None:
         trainer.close()
 
 
+@pytest.mark.parametrize(
+    ("preset", "critic_in", "critic_width", "chunk"),
+    [
+        ("smac/3m_cleanmarl_ippo_rnn", "local", 32, 5),
+        ("smac/3m_cleanmarl_mappo_rnn", "state", 64, 10),
+    ],
+)
+def test_cleanmarls_recurrent_presets_build_its_networks(preset, critic_in, critic_width, chunk):
+    """CleanMARL's ``ippo_lstm.py`` / ``mappo_lstm.py``: a 32-unit ReLU layer and a 32-unit GRU
+    in the actor, a feed-forward critic of two ReLU layers (32 wide on the agent's observation,
+    64 on the state), chunks of 5 / 10 steps; the rest as the feed-forward CleanMARL presets."""
+    from mappo.trainer import Trainer
+
+    cfg = C.load(preset, ["compile=off"])
+    assert (cfg.algo.critic_input, cfg.algo.data_chunk_length) == (critic_in, chunk)
+    assert (cfg.algo.actor_lr, cfg.algo.critic_lr, cfg.algo.epochs) == (8e-4, 8e-4, 3)
+    trainer = Trainer(cfg)
+    try:
+        policy = trainer.learner.policy
+        (actor,), (critic,) = policy.actors.values(), policy.critics.values()
+        assert actor.state_size > 0 and critic.state_size == 0
+        widths = [p.shape[-1] for n, p in critic.named_parameters() if n.endswith("weight")]
+        assert widths[:2] == [critic_width, critic_width]
+        assert [p.shape[-1] for n, p in actor.trunk.mlp.named_parameters() if "weight" in n] == [32]
+        trainer.iterate()
+        assert trainer.env_steps == cfg.env.num_envs * cfg.rollout_length
+    finally:
+        trainer.close()
+
+
 def test_overrides_dotted_and_bare() -> None:
     cfg = C.load("mpe/simple_spread", ["algo.epochs=3", "actor_lr=1e-3", "hidden_sizes=[32,32]"])
     assert cfg.algo.epochs == 3
