@@ -363,6 +363,12 @@ def test_report_leaves_out_a_configuration_that_does_not_log_the_metric(tmp_path
     err = capsys.readouterr().err
     assert f"'{other / 'metrics.csv'}' has no env_steps column (its first line: " in err
     assert "restore its first line" in err
+    # a header cut off before its line end (a kill while the file was created) or none at all
+    for damaged in (text[:30], ""):
+        (other / "metrics.csv").write_text(damaged)
+        assert main(["report", str(other)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "is empty or its header line is incomplete" in err
 
 
 def test_report_keeps_a_configuration_that_has_not_evaluated_yet(tmp_path, capsys):

@@ -215,6 +215,11 @@ def read_run(path: Path) -> RunRecord:
         raise ResultsError(
             f"'{path}' is not a run directory of mappo: its config.yaml holds no config"
         )
+    if not names:  # (empty, or killed before its header's line end)
+        raise ResultsError(
+            f"'{path / 'metrics.csv'}' is empty or its header line is incomplete: the run "
+            "logged nothing readable; leave that run out"
+        )
     if "env_steps" not in names:
         header = ",".join(names[:4]) + (",..." if len(names) > 4 else "")
         raise ResultsError(
