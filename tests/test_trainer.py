@@ -235,6 +235,40 @@ def test_resume_equals_uninterrupted(tmp_path):
         assert totals == sorted(totals) and totals[0] > 0, column
 
 
+def test_a_run_stopped_by_its_time_limit_ends_like_a_finished_one_and_resumes_exactly(
+    tmp_path, capsys
+):
+    """max_wall_seconds ends the run after the iteration that passes it, with a final
+    evaluation, checkpoint and summary; the resume continues to the same parameters, and its
+    later evaluations draw the uninterrupted run's seeds (the stop's own is not counted)."""
+    full = train("mpe/simple_spread", {**RESUME, "run_dir": str(tmp_path / "a")})
+    cut = train(
+        "mpe/simple_spread", {**RESUME, "run_dir": str(tmp_path / "b"), "max_wall_seconds": 1e-6}
+    )
+    assert cut.summary["env_steps"] == 200 and cut.summary["stopped_at_max_wall_seconds"] == 1e-6
+    assert math.isfinite(cut.summary["eval_return_mean"])  # the stop's evaluation
+    assert [p.name for p in (cut.dir / "checkpoints").iterdir()] == ["iter_00000001.pt"]
+    resumed = resume(cut.dir, {"max_wall_seconds": 0})
+    a, b = _params(full.policy), _params(resumed.policy)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+    assert resumed.summary["eval_return_mean"] == full.summary["eval_return_mean"]
+    assert "stopped_at_max_wall_seconds" not in resumed.summary
+    rows = list(csv.DictReader((resumed.dir / "metrics.csv").open()))
+    evaluated = [int(r["env_steps"]) for r in rows if r.get("eval/eval_return_mean")]
+    assert evaluated == [200, 600, 1200]  # the stop's, then the uninterrupted run's two
+    # from the command line: the note says how to continue, and the resume gets there
+    d = tmp_path / "c"
+    over = [f"{k}={v}" for k, v in RESUME.items()] + [f"run_dir={d}", "max_wall_seconds=1e-6"]
+    assert main(["train", "mpe/simple_spread", *over]) == 0
+    (run_dir,) = d.glob("*/*/*/*")
+    err = capsys.readouterr().err
+    assert "stopped at max_wall_seconds=1e-06 after 200 of 1,200 env steps; continue with " in err
+    assert f"`mappo train --resume {run_dir}`" in err
+    assert main(["train", "--resume", str(run_dir), "max_wall_seconds=0"]) == 0
+    assert json.loads((run_dir / "summary.json").read_text())["env_steps"] == 1200
+
+
 def test_a_new_budget_on_resume_with_a_decaying_learning_rate_warns(tmp_path):
     over = {**TINY, "algo.lr_decay": True, "run_dir": str(tmp_path)}
     run = train("mpe/simple_spread_ff_fast", over)

@@ -145,6 +145,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         _print_summary(run.summary)
     if len(runs) > 1:
         _print_seeds([run.summary for run in runs])
+    limit = runs[0].summary.get("stopped_at_max_wall_seconds")
+    if limit is not None:
+        dirs = shlex.join(str(run.dir) for run in runs) + _import_option(runs[0].dir)
+        print(
+            f"mappo: stopped at max_wall_seconds={limit:g} after {runs[0].summary['env_steps']:,}"
+            f" of {runs[0].config.total_env_steps:,} env steps; continue with `mappo train "
+            f"--resume {dirs}`",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -483,6 +483,14 @@ class TrainConfig:
         "up to whole iterations (env.num_envs x rollout_length steps for MAPPO).",
         low=1,
     )
+    max_wall_seconds: float = _field(
+        0.0,
+        "Stop after the iteration in which this command's training passes this many seconds "
+        "of wall time (compiling and evaluations included; 0 = no limit) and end the run as at "
+        "total_env_steps: final evaluation, checkpoint, summary.json. `mappo train --resume "
+        "RUN_DIR` continues it toward total_env_steps (with this limit again, unless changed).",
+        low=0.0,
+    )
     # numpy's and Python's seeders take any size, but torch's generators stop at 2**64 and seeds
     # are offset for evaluation and per-iteration streams: 32 bits leave room for both.
     seed: int = _field(

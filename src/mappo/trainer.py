@@ -216,6 +216,7 @@ class Trainer:
         self.iteration = 0
         self.env_steps = 0
         self.wall_offset = 0.0
+        self.out_of_time = False
         self.timing_offset: dict[str, float] = {}
         """The rollout's and the update's seconds up to the checkpoint resumed from: the
         ``time/`` columns are totals over the whole run, as ``wall_seconds`` is."""
@@ -426,8 +427,9 @@ class Trainer:
 
     @property
     def done(self) -> bool:
-        """Whether the run reached ``total_env_steps``."""
-        return self.env_steps >= self.cfg.total_env_steps
+        """Whether the run reached ``total_env_steps``, or this command's ``max_wall_seconds``
+        (:attr:`out_of_time`, set once per iteration by the loop, for every stacked seed)."""
+        return self.out_of_time or self.env_steps >= self.cfg.total_env_steps
 
     def begin(self) -> None:
         """Start the clocks of :meth:`after_iteration` and :meth:`finish` (the loop that calls
@@ -456,7 +458,8 @@ class Trainer:
         if self.governor is not None:
             self.governor.update()
         last = self.done
-        evaluating = last or (cfg.eval_interval and self.iteration % cfg.eval_interval == 0)
+        scheduled = bool(cfg.eval_interval) and self.iteration % cfg.eval_interval == 0
+        evaluating = last or scheduled
         logging_now = last or self.iteration % cfg.log_interval == 0 or evaluating
         if logging_now:
             train = self.learner.tracker.read()
@@ -492,6 +495,10 @@ class Trainer:
                             logger.log(self.env_steps, metrics)
                     self._save_before_raising(err, last)
                     raise
+                if last and not scheduled and self.env_steps < cfg.total_env_steps:
+                    # (stopped by max_wall_seconds: an evaluation the full run would not make
+                    # leaves the count, so that a resumed run's evaluations draw its seeds)
+                    self.eval_count -= 1
                 metrics.update({f"eval/{k}": v for k, v in evaluated.items()})
             if logger is not None:
                 logger.log(self.env_steps, metrics)
@@ -568,6 +575,8 @@ class Trainer:
             "steps_per_second": sps,
             "train_episode_return": self.last_train.get("episode_return"),
         }
+        if self.out_of_time and self.env_steps < self.cfg.total_env_steps:
+            out["stopped_at_max_wall_seconds"] = self.cfg.max_wall_seconds
         out.update(self.last_eval)
         return out
 
@@ -1325,7 +1334,7 @@ def _comparable(cfg: TrainConfig) -> dict[str, Any]:
     device and the compiled path are shared by the one loop."""
     from mappo.experiments.runs import BOOKKEEPING_KEYS
 
-    own = set(BOOKKEEPING_KEYS) - {"total_env_steps", "device", "compile"}
+    own = set(BOOKKEEPING_KEYS) - {"total_env_steps", "max_wall_seconds", "device", "compile"}
     flat = config_mod._flatten(config_mod.to_dict(cfg))
     return {k: v for k, v in flat.items() if k not in own}
 
@@ -1659,6 +1668,10 @@ def _run(
                     for t in trainers:
                         t.check_someone_alive()
                     signalled = trainers[0].stop_signal is not None
+                    limit = cfg.max_wall_seconds
+                    if limit and time.perf_counter() - trainers[0]._time_at_start >= limit:
+                        for t in trainers:  # (one decision for the seeds of a stacked run)
+                            t.out_of_time = True
                     stopping = False
                     failed: Exception | None = None
                     for k, (t, result) in enumerate(zip(trainers, results, strict=True)):

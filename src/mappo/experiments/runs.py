@@ -36,6 +36,7 @@ BOOKKEEPING_KEYS = (
     "wandb",
     "wandb_project",
     "total_env_steps",
+    "max_wall_seconds",
     "eval_interval",
     "eval_episodes",
     "log_interval",
