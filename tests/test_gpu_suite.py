@@ -55,3 +55,36 @@ def test_the_target_part_trains_its_seeds_and_reports_them(tmp_path):
     log = (tmp_path / "broken" / "log.txt").read_text()
     assert broken.returncode == 1 and "end paper_compile_off: rc=2" in log
     assert "end paper_compile_on: rc=2" in log and "some parts failed" in log
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None, reason="bash")
+def test_the_hanabi_train_part_times_the_preset_and_learns_for_its_seconds(tmp_path):
+    small = "env.num_envs=8 rollout_length=16 model.hidden_sizes=[32,32] eval_episodes=4"
+    env = {
+        **os.environ,
+        "DEVICE": "cpu",
+        "COMPILE": "off",
+        "HANABI_SEEDS": "2",
+        "HANABI_SECONDS": "1",
+        # (compile=off last: the compiled bench's setting is overridden, so that the test
+        # checks the plumbing without a cold compile)
+        "EXTRA": f"{small} threads=1 compile=off",
+        "MAPPO": f"{sys.executable} -m mappo.cli",
+    }
+    out = tmp_path / "out"
+    done = subprocess.run(
+        ["bash", str(SUITE), str(out), "hanabi_train"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, (out / "log.txt").read_text()
+    for mode in ("off", "on"):
+        row = json.loads((out / f"hanabi_train_compile_{mode}.json").read_text())
+        assert row["preset"] == "hanabi/full-2p_gpu" and row["steps_per_second"] > 0
+    err = (out / "hanabi_learn_seed2.err").read_text()
+    assert "stopped at max_wall_seconds=1 after " in err
+    (row,) = json.loads((out / "hanabi_report.json").read_text())
+    assert row["configuration"] == "hanabi/full-2p_gpu mappo" and row["seeds"] == 1
+    # a second call into the same folder would report the first call's runs with its own
+    again = subprocess.run(
+        ["bash", str(SUITE), str(out), "hanabi_train"], capture_output=True, text=True
+    )
+    assert again.returncode == 2 and "hanabi_runs exists" in again.stderr

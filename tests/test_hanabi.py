@@ -1016,6 +1016,35 @@ def test_a_resumed_run_lands_where_the_whole_run_lands(tmp_path):
         torch.testing.assert_close(v, want[k], rtol=0, atol=0, msg=k)
 
 
+def test_the_gpu_preset_has_jaxmarls_batch_and_the_papers_critic(tmp_path):
+    """hanabi/full-2p_gpu: the paper's MAPPO loss and critic without the GRU, with JaxMARL's
+    IPPO-Hanabi batch and optimiser settings; it trains and evaluates (here on the CPU, made
+    small)."""
+    from mappo import config as C
+    from mappo.trainer import train
+
+    cfg = C.load("hanabi/full-2p_gpu")
+    assert (cfg.env.num_envs, cfg.rollout_length) == (1024, 128)
+    assert (cfg.algo.epochs, cfg.algo.num_minibatches) == (4, 4)
+    assert (cfg.algo.actor_lr, cfg.algo.critic_lr, cfg.algo.entropy_coef) == (5e-4, 5e-4, 0.01)
+    assert cfg.algo.max_grad_norm == 0.5 and cfg.model.hidden_sizes == [512, 512]
+    assert cfg.model.recurrent == "none" and cfg.model.activation == "relu"
+    assert cfg.algo.critic_input == "state" and cfg.algo.policy_active_masks
+    assert cfg.algo.value_loss == "huber" and cfg.algo_name == "mappo"
+    small = {
+        "env.num_envs": 8,
+        "rollout_length": 16,
+        "total_env_steps": 8 * 16 * 2,
+        "model.hidden_sizes": [32, 32],
+        "eval_episodes": 4,
+        "threads": 1,
+        "progress": False,
+        "run_dir": str(tmp_path),
+    }
+    run = train("hanabi/full-2p_gpu", small)
+    assert run.summary["env_steps"] == 256 and 0 <= run.summary["eval_score"] <= 25
+
+
 def test_impossible_rules_are_refused_in_one_line():
     with pytest.raises(EnvError, match="2-5 players"):
         HanabiEnv(num_envs=1, players=6)
