@@ -806,7 +806,8 @@ class EnvRunner:
             return
         li, j = (int(i) for i in np.argwhere(~np.isfinite(arr))[0][:2])
         agent = next(s.agent for s in self.slots.values() if s.group == group and s.index == j)
-        raise self._fault(li, agent, f"returned a {what} with NaN or inf values")
+        article = "an" if what[0] in "aeiou" else "a"
+        raise self._fault(li, agent, f"returned {article} {what} with NaN or inf values")
 
     def _fault(self, li: int, agent: str, what: str) -> EnvOutputFault:
         return EnvOutputFault(
