@@ -314,6 +314,40 @@ def test_a_killed_sweep_resumes_from_checkpoints(tmp_path):
     assert _learned(single.dir) == _learned(first)
 
 
+def test_trials_with_a_time_limit_advance_a_slice_per_sweep_run(tmp_path, capsys):
+    """max_wall_seconds among the overrides: each run of the sweep trains every trial for one
+    slice (here one iteration), and the next run resumes them, to the budget and to what an
+    uninterrupted run learns."""
+    spec_path = _write_spec(
+        tmp_path,
+        "presets: [TINY]\nseeds: [1]\noverrides: {max_wall_seconds: 1.0e-6, threads: 1}\n",
+    )
+    argv = ["sweep", str(spec_path), "--dir", str(tmp_path / "sw"), "--backend", "serial"]
+    spec = S.load_spec(str(spec_path), tmp_path / "sw")
+    (trial,) = spec.trials
+    steps = []
+    for _ in range(10):
+        assert main(argv) == 0
+        steps.append(json.loads((Path(trial.dir) / "summary.json").read_text())["env_steps"])
+        if steps[-1] >= 200:
+            break
+    capsys.readouterr()
+    assert steps == list(range(20, 220, 20))  # one 20-step iteration per run of the sweep
+    assert S.trial_state(trial) == "finished" and main(argv) == 0  # then it is skipped
+    over = {**trial.overrides, "max_wall_seconds": 0}
+    single = train(C.load(trial.preset, over), run_dir=tmp_path / "u")
+    sliced, whole = _learned(trial.dir), _learned(single.dir)
+    assert [r["env_steps"] for r in sliced] == [r["env_steps"] for r in whole]
+    for a, b in zip(sliced, whole, strict=True):
+        # every slice ends with an evaluation; those of the uninterrupted run's schedule (every
+        # second iteration) draw its seeds and give its numbers
+        scheduled = int(b["iteration"]) % 2 == 0
+        assert {k: v for k, v in a.items() if scheduled or not k.startswith("eval/")} == {
+            k: v for k, v in b.items() if scheduled or not k.startswith("eval/")
+        }
+        assert a["eval/eval_return_mean"] != ""
+
+
 @pytest.fixture
 def two_node_cluster(tmp_path):
     """A head node and a second node on the loopback address, one CPU each, on this machine.
