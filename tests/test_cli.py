@@ -404,6 +404,16 @@ def test_progress_line_past_the_total_shows_no_time_left():
     assert "300,800/300,000 steps" in line and "ETA 00:00" in line
 
 
+def test_progress_line_counts_down_to_a_time_limit_that_comes_first():
+    out = io.StringIO()
+    # 1,000 of 300,000 steps at 10 steps/s: the budget is 8 hours away, the limit 10 minutes
+    ProgressBar(total=300_000, stream=out, time_limit=600.0).update(1_000, 10.0, None)
+    assert "stop 09:5" in out.getvalue() or "stop 10:00" in out.getvalue()
+    out = io.StringIO()
+    ProgressBar(total=300_000, stream=out, time_limit=86_400.0).update(1_000, 10.0, None)
+    assert "ETA 8:18:20" in out.getvalue()  # the budget comes first
+
+
 def test_a_read_only_run_folder_on_resume_names_the_fix_for_a_resume():
     # (a resume cannot "choose a writable place": it writes into the run's own folder)
     import errno

@@ -47,8 +47,17 @@ class ProgressBar:
     most every ``plain_every`` seconds.
     """
 
-    def __init__(self, total: int, stream: TextIO | None = None, plain_every: float = 10.0) -> None:
+    def __init__(
+        self,
+        total: int,
+        stream: TextIO | None = None,
+        plain_every: float = 10.0,
+        time_limit: float = 0.0,
+    ) -> None:
+        """``time_limit``: seconds from now after which the run stops (``max_wall_seconds``;
+        0 = none): where it comes before the budget, the line counts down to it instead."""
         self.total = total
+        self.deadline = time.monotonic() + time_limit if time_limit > 0 else math.inf
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.plain_every = plain_every
@@ -67,10 +76,13 @@ class ProgressBar:
         # The last update may overshoot the total (a rollout is never cut short): no time left.
         left = max(0, self.total - steps)
         eta = left / steps_per_second if steps_per_second > 0 else float("nan")
+        label = "ETA"
+        if self.deadline - now < eta or (math.isnan(eta) and math.isfinite(self.deadline)):
+            label, eta = "stop", max(0.0, self.deadline - now)  # (at max_wall_seconds)
         ret = "   n/a" if latest_return is None else f"{latest_return:8.2f}"
         line = (
             f"[{bar}] {steps:>11,}/{self.total:,} steps  {steps_per_second:8,.0f} steps/s  "
-            f"ETA {_fmt_time(eta)}  return {ret}"
+            f"{label} {_fmt_time(eta)}  return {ret}"
         )
         if self.tty:
             self.stream.write("\r" + line + ("\n" if final else ""))

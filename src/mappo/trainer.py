@@ -1648,7 +1648,11 @@ def _run(
             for t in trainers:
                 assert t.run_dir is not None
                 config_mod.save(t.cfg, t.run_dir / "config.yaml")
-            progress = ProgressBar(cfg.total_env_steps) if cfg.progress else None
+            progress = (
+                ProgressBar(cfg.total_env_steps, time_limit=cfg.max_wall_seconds)
+                if cfg.progress
+                else None
+            )
             with _stop_on_signals(trainers):
                 for t in trainers:
                     t.begin()
