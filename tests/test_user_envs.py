@@ -676,3 +676,78 @@ def test_a_mistake_after_the_checked_outputs_is_named_in_one_line(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and re.search(message, err), err
+
+
+@pytest.mark.parametrize(
+    ("fault", "after", "code", "message"),
+    [
+        (
+            "none",
+            30,
+            2,
+            r"step\(\) returned final_obs=None, which bootstrapping truncated episodes",
+        ),
+        ("shape", 30, 2, r"step\(\): final_state has shape \[4, 5\], the spec asks for \[4, 10\]"),
+        ("nan", 30, 3, r"because the env returned NaN or inf \(final_obs or final_state of group"),
+        # within the first, checked, outputs: named before anything is trained
+        ("none", 0, 2, r"returned final_obs=None, which bootstrapping"),
+        ("nan", 0, 2, r"step\(\): final_state holds NaN or inf"),
+    ],
+)
+def test_the_pre_reset_fields_of_a_users_env_are_checked(
+    user_folder, tmp_path, capsys, fault, after, code, message
+) -> None:
+    """final_obs / final_state, which a critic bootstrapping truncated episodes reads: left
+    out, of another shape or not finite, each is named in one line (by the check of the first
+    outputs, or where training fails later) instead of a traceback or a divergence blamed on
+    the learning rates."""
+    module = f"final_{fault}_{after}_envs"
+    (user_folder / f"{module}.py").write_text(
+        "import torch\n"
+        "from toy_env import MatchEnv\n"
+        "class Late(MatchEnv):\n"
+        "    calls = 0\n"
+        "    def _step(self, actions):\n"
+        "        step = super()._step(actions)\n"
+        "        Late.calls += 1\n"
+        f"        if Late.calls > {after}:\n"
+        f"            if {fault!r} == 'none':\n"
+        "                step.final_obs, step.final_state = None, None\n"
+        f"            elif {fault!r} == 'shape':\n"
+        "                step.final_state = step.final_state[:, :5]\n"
+        "            else:\n"
+        "                step.final_state = torch.full_like(step.final_state, float('nan'))\n"
+        "        return step\n"
+    )
+    argv = ["train", "mpe/simple_spread_fast", f"env.name=python:{module}:Late", *TINY]
+    argv = [*argv[:-1], "total_env_steps=800", "algo.bootstrap_truncation=true"]
+    assert main([*argv, f"run_dir={tmp_path / 'runs'}"]) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(message, err), err
+
+
+def test_check_output_names_missing_or_misshapen_pre_reset_fields() -> None:
+    """Where an episode ended, final_obs and final_state must be there (the value family's
+    episodes end on them); given ones must match obs / state in shape, dtype and finiteness."""
+    from toy_env import MatchEnv
+
+    from mappo.envs.base import check_output
+
+    env = MatchEnv(num_envs=2, episode_limit=1)
+    env.reset()
+    step = env.step({"agents": torch.zeros(2, 2, 1, dtype=torch.int64)})
+    assert bool(step.truncated.all())
+    check_output(env, step)
+    good_obs, good_state = step.final_obs, step.final_state
+    step.final_obs = None
+    with pytest.raises(EnvError, match="an episode ended in this step but final_obs is None"):
+        check_output(env, step)
+    step.final_obs = {"agents": good_obs["agents"].double()}
+    with pytest.raises(EnvError, match=r"final_obs\['agents'\] has dtype torch.float64"):
+        check_output(env, step)
+    step.final_obs = {"agents": good_obs["agents"][:, :1]}
+    with pytest.raises(EnvError, match=r"final_obs\['agents'\] has shape \[2, 1, 5\]"):
+        check_output(env, step)
+    step.final_obs, step.final_state = good_obs, good_state * float("inf")
+    with pytest.raises(EnvError, match="final_state holds NaN or inf"):
+        check_output(env, step)

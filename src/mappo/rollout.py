@@ -236,6 +236,23 @@ def fused_step(
     return acted, critic_x, values, new_critic, next_step
 
 
+def _require_final_fields(env: BatchedEnv, step: EnvStep) -> None:
+    """Refuse a ``step()`` without ``final_obs`` or ``final_state`` where truncated episodes are
+    bootstrapped, which reads them at every step (a user's env that leaves them out would fail
+    where the critic reads them, in a traceback). The lazy final state is not made here."""
+    for name, value in (
+        ("final_obs", step.final_obs),
+        ("final_state", step.__dict__.get("_final_state")),
+    ):
+        if value is None:
+            raise EnvError(
+                f"{env.name}: step() returned {name}=None, which bootstrapping truncated "
+                "episodes (algo.bootstrap_truncation=true) reads at every step; set final_obs "
+                "and final_state (the observations and state before the auto-reset, equal to "
+                "obs and state where no episode ended), or set algo.bootstrap_truncation=false"
+            )
+
+
 def final_critic(
     policy: ActorCritic, name: str, step: EnvStep, critic_states: dict[str, Tensor]
 ) -> Tensor:
@@ -488,6 +505,8 @@ class Collector:
                 )
                 self.step = self.env.step(acted.env_actions)
                 self.tracker.record(self.step)
+                if self.bootstrap:
+                    _require_final_fields(self.env, self.step)
             self.actor_states = acted.states
             for name, buf in ro.groups.items():
                 buf.actions[t] = acted.actions[name]

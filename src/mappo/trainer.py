@@ -388,15 +388,18 @@ class Trainer:
 
     def _nonfinite_rollout(self) -> str | None:
         """Which of the last rollout's observations or rewards hold NaN or inf (``"obs of
-        group 'g'"``), where the learner keeps such a rollout (MAPPO's); else None."""
+        group 'g'"``), where the learner keeps such a rollout (MAPPO's); else None. The values
+        of truncated episodes' final observations count too: the networks were finite when
+        they computed them, so a NaN there came from the env's final_obs or final_state."""
         last = getattr(self.learner, "last_rollout", None)  # (MAPPO's learners and seeds)
         rollout = last() if last is not None else None
+        parts = {"obs": "obs", "rewards": "rewards", "final_values": "final_obs or final_state"}
         for name, buf in getattr(rollout, "groups", {}).items():
-            for part in ("obs", "rewards"):
+            for part, said in parts.items():
                 x = getattr(buf, part, None)
                 if isinstance(x, torch.Tensor) and x.is_floating_point():
                     if not bool(x.isfinite().all()):
-                        return f"{part} of group '{name}'"
+                        return f"{said} of group '{name}'"
         return None
 
     def close(self) -> None:

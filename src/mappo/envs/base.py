@@ -529,6 +529,44 @@ def check_spec(env: BatchedEnv) -> None:
         )
 
 
+def _check_final_fields(
+    name: str, step: EnvStep, tensor: Callable[..., None], floats: set[torch.dtype]
+) -> None:
+    """The pre-reset fields of a ``step()`` output (``final_obs``, ``final_state``,
+    ``final_action_mask``, ``final_agent_state``): where an episode ended, ``final_obs`` and
+    ``final_state`` must be given (a critic bootstrapping a truncated episode reads them), and
+    every one given must have its live counterpart's shape and dtype and hold finite values."""
+    ended = bool(step.done.any()) if isinstance(step.done, Tensor) else False
+    if step.final_obs is None or step.final_state is None:
+        if ended:
+            missing = "final_obs" if step.final_obs is None else "final_state"
+            raise EnvError(
+                f"{name}: an episode ended in this step but {missing} is None; set final_obs "
+                "and final_state to the observations and state the episodes ended on (before "
+                "the auto-reset; equal to obs and state where no episode ended)"
+            )
+        return
+    parts: list[tuple[str, Mapping[str, Tensor], Mapping[str, Tensor]]] = [
+        ("final_obs", step.final_obs, step.obs),
+        ("final_action_mask", step.final_action_mask, step.action_mask),
+        ("final_agent_state", step.final_agent_state, step.agent_state),
+    ]
+    for field, finals, live in parts:
+        for g in finals:
+            if g not in live:
+                raise EnvError(
+                    f"{name}: {field} has group '{g}', which the live field does not have "
+                    f"(its groups: {sorted(live)})"
+                )
+            got, want = finals[g], live[g]
+            tensor(f"{field}['{g}']", got, tuple(want.shape), {want.dtype})
+        if field == "final_obs" and set(finals) != set(live):
+            raise EnvError(
+                f"{name}: final_obs has the groups {sorted(finals)}, obs has {sorted(live)}"
+            )
+    tensor("final_state", step.final_state, tuple(step.state.shape), floats)
+
+
 def check_output(env: BatchedEnv, step: Any, method: str = "step") -> None:
     """Check an :class:`EnvStep` that ``env.<method>`` returned against ``env.spec``: the groups,
     every tensor's shape and dtype, finite observations, state and rewards, and at least one
@@ -618,6 +656,8 @@ def check_output(env: BatchedEnv, step: Any, method: str = "step") -> None:
                     f"{env_i}; allow at least one (a no-op), or mark the agent not alive"
                 )
             start += size
+    if method == "step":
+        _check_final_fields(name, step, tensor, floats)
     stats = step.stats if isinstance(step.stats, dict) else {}
     for stat in spec.stat_names:
         if stat in stats:
