@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import re
 import shutil
@@ -538,6 +539,26 @@ def test_register_refuses_names_that_could_not_be_made_or_replace_a_built_in(
         "under a name of its own, e.g. 'my_project/simple_spread'"
     )
     assert make("mpe/simple_spread", num_envs=2).name == "mpe/simple_spread"
+    # a built-in class with other arguments is the user's env all the same
+    from mappo.envs.mpe import SimpleSpread
+
+    with pytest.raises(EnvError, match="cannot register 'mpe/simple_spread': it is a built-in"):
+        registry.register("mpe/simple_spread", functools.partial(SimpleSpread, num_agents=4))
+    assert make("mpe/simple_spread", num_envs=2).spec.groups["agents"].num_agents == 3
+    # what cannot make an env is refused when registered, or when it makes something else
+    for bad in (MatchEnv(num_envs=1), 42):
+        with pytest.raises(EnvError, match="give a BatchedEnv subclass, or a function"):
+            registry.register(f"mine/{uuid.uuid4().hex[:6]}", bad)
+    odd = f"mine/{uuid.uuid4().hex[:6]}"
+    registry.register(odd, lambda **kw: object())
+    with pytest.raises(EnvError, match=f"environment '{odd}' was made as a object, not a Batch"):
+        make(odd)
+    # a TypeError inside a constructor that took its arguments is the env's, not a parameter's
+    registry.register(odd, lambda num_envs, device, seed: len(5))
+    with pytest.raises(EnvError, match=f"environment '{odd}' raised TypeError: object of type"):
+        make(odd)
+    with pytest.raises(EnvError, match=f"bad parameter for environment '{odd}'"):
+        make(odd, colour=3)
     name = f"mine/{uuid.uuid4().hex[:6]}"
     registry.register(name, MatchEnv)
     registry.register(name, MatchEnv)

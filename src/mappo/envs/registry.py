@@ -13,13 +13,14 @@ import contextvars
 import difflib
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mappo.envs.base import BatchedEnv, EnvError, check_spec, is_users_env
+from mappo.envs.base import BatchedEnv, EnvError, check_spec, is_users_env, one_line
 
 EnvFactory = Callable[..., BatchedEnv]
 """``factory(num_envs=..., device=..., seed=..., **kwargs) -> BatchedEnv``."""
@@ -34,6 +35,8 @@ class EnvEntry:
     """Whether the env steps Python games in worker processes (as the adapters do)."""
     copy_bytes: int = 0
     """Host memory one copy takes in its worker process, for the trainer's memory check."""
+    builtin: bool = False
+    """Registered by mappo's own env packages (a name no user's registration may replace)."""
 
 
 _TRUSTED: set[str] = set()
@@ -131,15 +134,23 @@ def register(
             "or surrounding spaces (a ':' marks a scheme, as in python:<module>:<class>), e.g. "
             "'my_project/my_env'"
         )
-    if not _is_builtin(factory):
+    # (who calls decides, not the factory: a partial of a built-in class is a user's env too)
+    own = str(sys._getframe(1).f_globals.get("__name__", "")).startswith("mappo.")
+    if not own:
         _load_builtin()
         entry = _ENVS.get(name)
-        if entry is not None and _is_builtin(entry.factory):
+        if entry is not None and entry.builtin:
             raise EnvError(
                 f"cannot register '{name}': it is a built-in env of mappo; register yours under "
                 f"a name of its own, e.g. 'my_project/{name.rsplit('/', 1)[-1]}'"
             )
-    _ENVS[name] = EnvEntry(name, factory, description, workers, copy_bytes)
+        if not callable(factory) or isinstance(factory, BatchedEnv):
+            raise EnvError(
+                f"cannot register '{name}': give a BatchedEnv subclass, or a function that "
+                "returns one when called with num_envs=, device=, seed= and the env's keyword "
+                f"arguments, not a {type(factory).__name__} object"
+            )
+    _ENVS[name] = EnvEntry(name, factory, description, workers, copy_bytes, builtin=own)
 
 
 def _is_builtin(factory: EnvFactory) -> bool:
@@ -205,11 +216,20 @@ def make(
         problem = _parameter_problem(name, _ENVS[name].factory, kwargs)
         if problem is not None:
             raise EnvError(problem)
+        factory = _ENVS[name].factory
         try:
-            env = _ENVS[name].factory(num_envs=num_envs, device=device, seed=seed, **kwargs)
+            env = factory(num_envs=num_envs, device=device, seed=seed, **kwargs)
         except TypeError as err:
-            # A misspelt keyword argument surfaces as a TypeError from the constructor.
+            # A misspelt keyword argument surfaces as a TypeError from the constructor; one
+            # raised inside a constructor that took its arguments is the env's own.
+            if _binds(factory, num_envs=num_envs, device=device, seed=seed, **kwargs):
+                raise EnvError(f"environment '{name}' raised {one_line(err)}") from err
             raise EnvError(f"bad parameter for environment '{name}': {err}") from err
+        if not isinstance(env, BatchedEnv):
+            raise EnvError(
+                f"environment '{name}' was made as a {type(env).__name__}, not a BatchedEnv: "
+                "register a BatchedEnv subclass, or a function that returns an instance of one"
+            )
     if isinstance(env, BatchedEnv) and is_users_env(env):
         try:  # before any network is built from it
             check_spec(env)
@@ -217,6 +237,15 @@ def make(
             env.close()
             raise
     return env
+
+
+def _binds(factory: Callable[..., Any], **kwargs: Any) -> bool:
+    """Whether ``factory``'s signature takes ``kwargs`` (False where it cannot be read)."""
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 _CALL_ARGUMENTS = ("num_envs", "device", "seed")
