@@ -137,7 +137,13 @@ class TinyEnv(ParallelEnv):
             rewards[self.agents[0]] = np.array([1.0])
         if self.fault == "ghost_rewards":  # as envs that report every possible agent do
             rewards.update({a: 1.0 for a in self.possible_agents if a not in self.agents})
-        self.agents = [a for a in self.agents if not (terms[a] or truncs[a])]
+        if faulty and self.fault == "no_reward":
+            del rewards[self.agents[0]]
+        if faulty and self.fault == "four_tuple":  # the old API's step: one done dict
+            return obs, rewards, terms, infos
+        ended = [a for a in self.agents if terms[a] or truncs[a]]
+        if self.fault != "stays":  # (an env that keeps its ended agents in env.agents)
+            self.agents = [a for a in self.agents if a not in ended]
         return obs, rewards, terms, truncs, infos
 
     def state(self) -> np.ndarray:

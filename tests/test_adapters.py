@@ -15,9 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gymnasium
 import numpy as np
 import pytest
 import torch
+from gymnasium import spaces
 from test_adapter_envs import ScoredTinyEnv, TinyEnv, tiny
 
 from mappo import config as config_mod
@@ -572,6 +574,36 @@ def test_malformed_output_is_refused_with_agent_and_env_names(fault: str, messag
 @pytest.mark.parametrize(
     ("fault", "message"),
     [
+        ("no_reward", "agent 'agent_0' in copy 0 of the batch acted but the env returned no "),
+        ("four_tuple", r"step\(\) must return \(observations, rewards, terminations, truncation"),
+    ],
+)
+def test_a_step_the_parallel_api_does_not_allow_is_named(fault: str, message: str) -> None:
+    """A reward left out for an agent that acted (it read as 0) and the older API's 4-tuple
+    step (an unpacking error blamed on the env) are named as what they are."""
+    env = PettingZooAdapter(tiny(fault=fault, fault_step=2), num_envs=1, num_workers=0, name="t")
+    env.reset()
+    env.step({"agent": torch.ones(1, 2, dtype=torch.int64)})
+    with pytest.raises(EnvOutputError, match=message):
+        env.step({"agent": torch.ones(1, 2, dtype=torch.int64)})
+
+
+def test_an_ended_agent_left_in_env_agents_is_refused() -> None:
+    """PettingZoo's parallel API removes an agent whose termination came from env.agents; one
+    left there would act on and have its rewards trained on while marked not alive."""
+    env = PettingZooAdapter(
+        tiny(fault="stays", leave={"agent_0": 1}), num_envs=1, num_workers=0, name="t"
+    )
+    env.reset()
+    out = env.step({"agent": torch.ones(1, 2, dtype=torch.int64)})
+    assert not bool(out.alive["agent"][0, 0])
+    with pytest.raises(EnvOutputError, match="'agent_0' in copy 0 of the batch is still in env"):
+        env.step({"agent": torch.ones(1, 2, dtype=torch.int64)})
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
         ("reset_raise", "the environment's reset\\(\\) raised RuntimeError: reset boom"),
         ("state_raise", "the environment's state\\(\\) raised ValueError: state boom"),
         ("reset_obs_only", "reset\\(\\) must return \\(observations, infos\\)"),
@@ -680,6 +712,40 @@ def test_rware_runs_through_the_gymnasium_adapter() -> None:
 def test_a_gymnasium_env_without_tuple_spaces_is_refused() -> None:
     with pytest.raises(EnvError, match="gymnasium.spaces.Tuple"):
         GymnasiumAdapter("CartPole-v1", num_envs=1, num_workers=0)
+
+
+class _TwoAgentTuple(gymnasium.Env):
+    """A Gymnasium env of Tuple spaces for two agents whose ``mode`` is one mistake."""
+
+    def __init__(self, mode: str = "") -> None:
+        self.mode = mode
+        self.observation_space = spaces.Tuple([spaces.Box(-1, 1, (3,), np.float32)] * 2)
+        self.action_space = spaces.Tuple([spaces.Discrete(2)] * 2)
+
+    def reset(self, seed: int | None = None, options: dict | None = None) -> tuple:
+        obs = (np.zeros(3, np.float32),) * 2
+        return obs if self.mode == "reset_obs_only" else (obs, {})
+
+    def step(self, actions: tuple) -> tuple:
+        obs = (np.zeros(3, np.float32),) * (1 if self.mode == "one_obs" else 2)
+        return obs, [1.0, 1.0], False, False, {}
+
+
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [
+        ("reset_obs_only", r"reset\(\) returned 3 observations for 2 agents"),
+        ("one_obs", r"step\(\) returned 1 observation for 2 agents; a Tuple observation space"),
+    ],
+)
+def test_a_tuple_env_with_too_few_observations_says_so(mode: str, message: str) -> None:
+    """Not zip()'s 'argument 2 is shorter than argument 1', blamed on the env."""
+    env_id = f"mappo-test-tuple-{mode}-v0"
+    gymnasium.register(env_id, entry_point=lambda: _TwoAgentTuple(mode), max_episode_steps=5)
+    with pytest.raises(EnvError, match=message):
+        env = GymnasiumAdapter(env_id, num_envs=1, num_workers=0)
+        env.reset()
+        env.step({"agent": torch.zeros(1, 2, 1, dtype=torch.int64)})
 
 
 # -- missing packages --------------------------------------------------------------------------

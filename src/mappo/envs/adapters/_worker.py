@@ -62,6 +62,37 @@ class EnvOutputFault(Exception):
     """An environment returned a malformed observation, reward, mask or state."""
 
 
+_RETURNS = {
+    "reset": "(observations, infos)",
+    "step": "(observations, rewards, terminations, truncations, infos)",
+}
+
+
+def _returned(result: Any, method: str, count: int) -> tuple:
+    """``result`` of the env's ``method`` as the tuple of ``count`` values the API asks for, or
+    an :class:`EnvOutputFault` saying what came instead (an older API's 4-tuple step, a reset
+    without its infos)."""
+    if isinstance(result, tuple) and len(result) == count:
+        return result
+    got = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
+    raise EnvOutputFault(f"{method}() must return {_RETURNS[method]}, got {got}")
+
+
+def _each(obs: Any, n: int, method: str) -> Any:
+    """A Tuple-space env's per-agent observations, checked to be one per agent."""
+    try:
+        count = len(obs)
+    except TypeError:
+        count = None
+    if count != n:
+        raise EnvOutputFault(
+            f"{method}() returned {'no sequence' if count is None else count} observation"
+            f"{'' if count == 1 else 's'} for {n} agents; a Tuple observation space asks for "
+            "one per agent"
+        )
+    return obs
+
+
 # -- building environments ----------------------------------------------------------------------
 def import_attr(target: str, default_attr: str) -> Any:
     """``"pkg.mod:attr.sub"`` -> that object; ``"pkg.mod"`` -> ``pkg.mod.<default_attr>``."""
@@ -164,16 +195,19 @@ class TupleEnvAsParallel:
     def reset(
         self, seed: int | None = None, options: dict | None = None
     ) -> tuple[dict[str, Any], dict[str, dict]]:
-        obs, info = self.env.reset(seed=seed, options=options)
+        obs, info = _returned(self.env.reset(seed=seed, options=options), "reset", 2)
         self.agents = list(self.possible_agents)
-        return dict(zip(self.possible_agents, obs, strict=True)), self._infos(info)
+        return dict(
+            zip(self.possible_agents, _each(obs, len(self.agents), "reset"), strict=True)
+        ), (self._infos(info))
 
     def step(self, actions: dict[str, Any]) -> tuple[dict, dict, dict, dict, dict]:
         joint = tuple(
             actions.get(a, f) for a, f in zip(self.possible_agents, self._filler, strict=True)
         )
-        obs, reward, terminated, truncated, info = self.env.step(joint)
+        obs, reward, terminated, truncated, info = _returned(self.env.step(joint), "step", 5)
         n = len(self.possible_agents)
+        obs = _each(obs, n, "step")
         rewards = np.asarray(reward, dtype=np.float64)
         if rewards.ndim == 0:
             rewards = np.full(n, float(rewards))
@@ -499,6 +533,8 @@ class EnvRunner:
         self.extra_stats = {name: rows(name) for name in config.get("episode_stats", ())}
         self.returns = np.zeros(hi - lo, dtype=np.float64)
         self.lengths = np.zeros(hi - lo, dtype=np.int64)
+        # per copy, the agents whose termination or truncation came in an episode still going on
+        self.ended: list[set[str]] = [set() for _ in range(hi - lo)]
         self.current: int | None = None
         """Batch index of the copy being stepped (for error reports)."""
         self.method = "reset"
@@ -529,9 +565,17 @@ class EnvRunner:
             self.method = "step"
             joint = {}
             for agent in env.agents:
+                if agent in self.ended[li]:
+                    # (its rewards would be trained on while it is marked not alive)
+                    raise self._fault(
+                        li,
+                        agent,
+                        "is still in env.agents after its termination or truncation was "
+                        "reported; a ParallelEnv removes ended agents from env.agents",
+                    )
                 slot = slots.get(agent) or self._slot(li, agent)
                 joint[agent] = slot.env_action(actions[slot.group][li][slot.index])
-            obs, rewards, terms, truncs, infos = env.step(joint)
+            obs, rewards, terms, truncs, infos = _returned(env.step(joint), "step", 5)
             self._after_step(li, env, joint, obs, rewards, terms, truncs, infos)
         self.current = None
         if self.check:
@@ -597,7 +641,9 @@ class EnvRunner:
         total = 0.0
         for agent in acted:
             slot = self._slot(li, agent)
-            r = rewards.get(agent, 0.0)
+            if agent not in rewards:
+                raise self._fault(li, agent, "acted but the env returned no reward for it")
+            r = rewards[agent]
             if not isinstance(r, (int, float, np.integer, np.floating, np.bool_)):
                 if not (isinstance(r, np.ndarray) and r.ndim == 0 and r.dtype.kind in "biuf"):
                     raise self._fault(
@@ -616,6 +662,7 @@ class EnvRunner:
         self.returns[li] += total / self.num_agents
         self.lengths[li] += 1
         live = [a for a in env.agents if not (terms.get(a, False) or truncs.get(a, False))]
+        self.ended[li].update(a for a in acted if terms.get(a, False) or truncs.get(a, False))
         at_limit = self.limit is not None and self.lengths[li] >= self.limit
         if live and not at_limit:
             self._write_agents(li, obs, infos, live, self.obs, as_next=True)
@@ -670,7 +717,8 @@ class EnvRunner:
 
     def _reset_env(self, li: int, env: Any, seed: int | None) -> None:
         self.method = "reset"
-        obs, infos = env.reset(seed=seed)
+        obs, infos = _returned(env.reset(seed=seed), "reset", 2)
+        self.ended[li].clear()
         self.returns[li] = 0.0
         self.lengths[li] = 0
         for g in self.groups:
