@@ -710,6 +710,7 @@ def test_a_mistake_after_the_checked_outputs_is_named_in_one_line(
         ),
         ("shape", 30, 2, r"step\(\): final_state has shape \[4, 5\], the spec asks for \[4, 10\]"),
         ("nan", 30, 3, r"because the env returned NaN or inf \(final_obs or final_state of group"),
+        ("state", 30, 3, r"because the env returned NaN or inf \(state of group 'agents'\)"),
         # within the first, checked, outputs: named before anything is trained
         ("none", 0, 2, r"returned final_obs=None, which bootstrapping"),
         ("nan", 0, 2, r"step\(\): final_state holds NaN or inf"),
@@ -736,6 +737,8 @@ def test_the_pre_reset_fields_of_a_users_env_are_checked(
         "                step.final_obs, step.final_state = None, None\n"
         f"            elif {fault!r} == 'shape':\n"
         "                step.final_state = step.final_state[:, :5]\n"
+        f"            elif {fault!r} == 'state':\n"
+        "                step.state = torch.full_like(step.state, float('nan'))\n"
         "            else:\n"
         "                step.final_state = torch.full_like(step.final_state, float('nan'))\n"
         "        return step\n"
@@ -772,3 +775,33 @@ def test_check_output_names_missing_or_misshapen_pre_reset_fields() -> None:
     step.final_obs, step.final_state = good_obs, good_state * float("inf")
     with pytest.raises(EnvError, match="final_state holds NaN or inf"):
         check_output(env, step)
+
+
+def test_a_users_env_that_skips_batchedenvs_init_or_returns_no_envstep_later_is_named() -> None:
+    """A subclass whose __init__ forgets super().__init__ (a traceback from the memory check
+    before), and a step() that returns something else after the checked outputs (a traceback
+    from reading its masks before)."""
+    from toy_env import MatchEnv
+
+    class NoSuper(MatchEnv):
+        def __init__(self, num_envs: int, device: str = "cpu", seed: int = 0) -> None:
+            self.spec = MatchEnv(1).spec
+
+    name = f"mine/{uuid.uuid4().hex[:6]}"
+    registry.register(name, NoSuper)
+    with pytest.raises(EnvError, match=r"NoSuper.__init__ did not call BatchedEnv's: start it"):
+        make(name)
+
+    class Later(MatchEnv):
+        calls = 0
+
+        def _step(self, actions):  # noqa: ANN001, ANN202
+            Later.calls += 1
+            step = super()._step(actions)
+            return vars(step) if Later.calls > 10 else step
+
+    env = Later(num_envs=1)
+    env.reset()
+    with pytest.raises(EnvError, match="step\\(\\) must return an EnvStep, got dict"):
+        for _ in range(12):
+            env.step({"agents": torch.zeros(1, 2, 1, dtype=torch.int64)})

@@ -393,7 +393,12 @@ class Trainer:
         they computed them, so a NaN there came from the env's final_obs or final_state."""
         last = getattr(self.learner, "last_rollout", None)  # (MAPPO's learners and seeds)
         rollout = last() if last is not None else None
-        parts = {"obs": "obs", "rewards": "rewards", "final_values": "final_obs or final_state"}
+        parts = {
+            "obs": "obs",
+            "critic_x": "state",  # (the critic's input; obs, checked first, were finite)
+            "rewards": "rewards",
+            "final_values": "final_obs or final_state",
+        }
         for name, buf in getattr(rollout, "groups", {}).items():
             for part, said in parts.items():
                 x = getattr(buf, part, None)

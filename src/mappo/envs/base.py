@@ -141,6 +141,10 @@ class BatchedEnv(abc.ABC):
                 raise
             raise failure from err
         _check_early_output(self, result, "step")
+        if not isinstance(result, EnvStep):  # (checked on every step: it costs nothing)
+            raise EnvError(
+                f"{self.name}: step() must return an EnvStep, got {type(result).__name__}"
+            )
         self._last_action_mask, self._last_alive = result.action_mask, result.alive
         self.__dict__["_last_output"] = (result, "step")
         return result

@@ -230,6 +230,12 @@ def make(
                 f"environment '{name}' was made as a {type(env).__name__}, not a BatchedEnv: "
                 "register a BatchedEnv subclass, or a function that returns an instance of one"
             )
+    inherited = ("num_envs", "device", "generator")  # (what BatchedEnv.__init__ sets)
+    if isinstance(env, BatchedEnv) and not all(hasattr(env, a) for a in inherited):
+        raise EnvError(
+            f"{type(env).__name__}.__init__ did not call BatchedEnv's: start it with "
+            "super().__init__(num_envs, device, seed)"
+        )
     if isinstance(env, BatchedEnv) and is_users_env(env):
         try:  # before any network is built from it
             check_spec(env)
