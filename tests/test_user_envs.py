@@ -805,3 +805,33 @@ def test_a_users_env_that_skips_batchedenvs_init_or_returns_no_envstep_later_is_
     with pytest.raises(EnvError, match="step\\(\\) must return an EnvStep, got dict"):
         for _ in range(12):
             env.step({"agents": torch.zeros(1, 2, 1, dtype=torch.int64)})
+
+
+@pytest.mark.parametrize("preset", ["mpe/simple_spread_fast", "mpe/simple_spread_qmix"])
+def test_episodes_past_the_declared_limit_stop_training_at_once(
+    user_folder, tmp_path, capsys, preset
+) -> None:
+    """An env that runs its episodes past spec.episode_limit (here: never ends them in a run's
+    budget) is named after the first iteration, not at the first evaluation, after the whole
+    budget."""
+    (user_folder / "endless_envs.py").write_text(
+        "from toy_env import MatchEnv\n"
+        "class Endless(MatchEnv):\n"
+        "    def __init__(self, **kwargs):\n"
+        "        super().__init__(**kwargs)\n"
+        "        self.limit = 10**6  # the spec still says 6\n"
+    )
+    tiny = [w for w in TINY[:-1] if not w.startswith("algo.")]  # (qmix has no epochs)
+    argv = ["train", preset, "env.name=python:endless_envs:Endless", *tiny]
+    argv += ["total_env_steps=100000", "eval_interval=0", f"run_dir={tmp_path / 'runs'}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert re.search(r"an episode has run \d+ steps, past spec.episode_limit=6; end each", err)
+
+
+def test_a_group_spec_with_a_bare_action_count_names_actionspec() -> None:
+    from mappo.envs import GroupSpec
+
+    with pytest.raises(TypeError, match=r"must be an ActionSpec, e.g. ActionSpec\(\(3,\)\)"):
+        GroupSpec(agents=("a",), obs_shape=(3,), action=3)  # type: ignore[arg-type]

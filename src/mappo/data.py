@@ -141,6 +141,11 @@ class GroupSpec:
     """Shape of the agent-specific global state (the MAPPO paper's "AS" state), if any."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.action, ActionSpec):
+            raise TypeError(
+                f"the action of agents {list(self.agents)} must be an ActionSpec, e.g. "
+                f"ActionSpec((3,)) for 3 discrete actions, got {self.action!r}"
+            )
         if self.action.continuous and self.has_action_mask:
             raise ValueError(
                 f"agents {list(self.agents)} act in a continuous box, which has no action mask; "

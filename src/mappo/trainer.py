@@ -38,7 +38,7 @@ from mappo.checkpoint import (  # noqa: F401 - re-exported: part of the trainer'
 )
 from mappo.config import TrainConfig
 from mappo.data import library_defaults, spec_difference, spec_to_dict
-from mappo.envs.base import BatchedEnv, EnvError, explained
+from mappo.envs.base import BatchedEnv, EnvError, explained, is_users_env
 from mappo.envs.registry import (
     copy_bytes,
     fit_workers,
@@ -351,6 +351,22 @@ class Trainer:
             f"(env step {self.env_steps:,}): {what}; {kept}. Lower the learning rates{clip} "
             f"and {then}"
         )
+
+    def check_episodes_end(self) -> None:
+        """After each iteration, for a user's env: refuse episodes that have run past
+        ``spec.episode_limit`` (an env that never ends them trained its whole budget before,
+        to fail at the first evaluation, which waits for every episode to end)."""
+        limit = self.env.spec.episode_limit
+        lengths = getattr(self.learner.tracker, "lengths", None)
+        if not limit or not isinstance(lengths, torch.Tensor) or not is_users_env(self.env):
+            return
+        longest = int(lengths.max())
+        if longest > limit:
+            raise EnvError(
+                f"{self.env.name}: an episode has run {longest:,} steps, past "
+                f"spec.episode_limit={limit:,}; end each episode by its limit (truncated=True "
+                "on the step that reaches it), or declare a larger episode_limit"
+            )
 
     def check_someone_alive(self) -> None:
         """Once per process, after the first rollout: warn of a group none of whose agents was
@@ -1679,6 +1695,7 @@ def _run(
                         raise _with_the_others(diverged, trainers) from diverged[min(diverged)]
                     for t in trainers:
                         t.check_someone_alive()
+                        t.check_episodes_end()
                     signalled = trainers[0].stop_signal is not None
                     limit = cfg.max_wall_seconds
                     if limit and time.perf_counter() - trainers[0]._time_at_start >= limit:
