@@ -835,3 +835,18 @@ def test_a_group_spec_with_a_bare_action_count_names_actionspec() -> None:
 
     with pytest.raises(TypeError, match=r"must be an ActionSpec, e.g. ActionSpec\(\(3,\)\)"):
         GroupSpec(agents=("a",), obs_shape=(3,), action=3)  # type: ignore[arg-type]
+
+
+def test_naming_an_installed_module_keeps_the_current_directory_off_the_path(user_folder):
+    """Only a module found in the current directory puts it on sys.path: naming an installed
+    one (--import os.path) must not let a file there shadow a package imported later."""
+    from mappo.envs.importing import require_module
+
+    (user_folder / "not_installed_anywhere.py").write_text("raise SystemExit('ran')\n")
+    require_module("--import os.path", "os.path")
+    assert str(user_folder) not in sys.path
+    with pytest.raises(ModuleNotFoundError):
+        __import__("not_installed_anywhere")
+    (user_folder / "mine_here.py").write_text("VALUE = 3\n")
+    assert require_module("--import mine_here", "mine_here").VALUE == 3
+    assert str(user_folder) in sys.path

@@ -32,10 +32,6 @@ def require_module(what: str, module: str, extras: Mapping[str, str] | None = No
     search it first: the ``mappo`` command, started from a folder holding ``my_envs.py``, finds
     it, and an installed package of the same name still wins.
     """
-    with contextlib.suppress(OSError):  # a current directory that was deleted
-        cwd = os.getcwd()
-        if cwd not in sys.path and "" not in sys.path:
-            sys.path.append(cwd)
     if module.endswith(".py"):
         raise EnvError(
             f"{what}: '{module}' is a file name; give the module's name, without .py "
@@ -43,6 +39,7 @@ def require_module(what: str, module: str, extras: Mapping[str, str] | None = No
         )
     if not module or any(not part.isidentifier() for part in module.split(".")):
         raise EnvError(f"{what}: '{module}' is not a module name (such as my_package.my_envs)")
+    _search_current_directory_for(module.split(".")[0])
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as err:
@@ -73,6 +70,19 @@ def require_module(what: str, module: str, extras: Mapping[str, str] | None = No
             f"{what}: importing module '{module}' raised {one_line(err)}; fix the error in "
             "that module"
         ) from err
+
+
+def _search_current_directory_for(top: str) -> None:
+    """Put the current directory on ``sys.path`` (last) where it holds the package or module
+    ``top`` and nothing else provides it: only then, so that naming an installed module never
+    lets a file of the current directory shadow a package imported later (an optional
+    dependency that is not installed)."""
+    with contextlib.suppress(OSError):  # a current directory that was deleted
+        cwd = os.getcwd()
+        if cwd in sys.path or "" in sys.path or importlib.util.find_spec(top) is not None:
+            return
+        if os.path.isfile(os.path.join(cwd, f"{top}.py")) or os.path.isdir(os.path.join(cwd, top)):
+            sys.path.append(cwd)
 
 
 def _is_part_of(missing: str, module: str) -> bool:
