@@ -519,7 +519,12 @@ CASES = [
     Case(
         "bench-env-negative-threads",
         lambda c: ["bench", "env", "--threads", "-1"],
-        "must be an integer >= 0",
+        "must be a thread count from 0 to 1024",
+    ),
+    Case(
+        "bench-env-huge-threads",  # (100,000 threads: a segmentation fault at exit before)
+        lambda c: ["bench", "env", "--threads", "100000"],
+        "must be a thread count from 0 to 1024",
     ),
     Case(
         "bench-zero-iterations",

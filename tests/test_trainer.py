@@ -1215,3 +1215,35 @@ def test_the_critics_may_be_wider_than_the_actors(tmp_path, recurrent):
     assert more.summary["env_steps"] == 2 * over["total_env_steps"]
     with pytest.raises(C.ConfigError, match="'model.critic_hidden_sizes' is read by algo.name"):
         C.load("mpe/simple_spread_qmix", ["model.critic_hidden_sizes=[16]"])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d["spec"].update(groups=[]), r"damaged mappo checkpoint \(its env spec"),
+        (lambda d: d["spec"].update(state_shape="x"), r"damaged mappo checkpoint \(its env spec"),
+        (lambda d: d["progress"].update(env_steps="x"), r"progress 'env_steps' is 'x'"),
+        (lambda d: d.update(format=99), "checkpoint format 99 by a newer mappo; this one reads"),
+    ],
+)
+def test_a_checkpoint_altered_past_its_loader_is_refused_and_passed_over(tmp_path, change, message):
+    """Fields that torch loads safely but that nothing can read back (an env spec or counters
+    of the wrong type, a newer format) are refused when the file is loaded, so that a run
+    directory falls back to its older checkpoint instead of failing later in a traceback."""
+    from mappo.api import load_policy
+    from mappo.checkpoint import CheckpointError
+
+    over = {**TINY, "checkpoint_interval": 1, "run_dir": str(tmp_path), "threads": 1}
+    run = train("mpe/simple_spread_ff_fast", over)
+    newest = latest_checkpoint(run.dir)
+    data = torch.load(newest, weights_only=True)
+    change(data)
+    torch.save(data, newest)
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(newest)
+    with pytest.warns(UserWarning, match=message):
+        policy = load_policy(run.dir)
+    assert policy.checkpoint != newest
+    # a summary.json nested past the JSON parser's depth is an unreadable one, not a traceback
+    (run.dir / "summary.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert main(["report", str(run.dir)]) == 0

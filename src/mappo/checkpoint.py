@@ -179,11 +179,18 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             data = _from_format_1(data)
         except KeyError as err:
             raise CheckpointError(f"'{path}' is an incomplete mappo checkpoint ({err})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
+    written = data.get("format") if isinstance(data, dict) else None
+    if isinstance(written, int) and not isinstance(written, bool) and written > FORMAT:
+        raise CheckpointError(
+            f"'{path}' was written in checkpoint format {written} by a newer mappo; this one "
+            f"reads format {FORMAT}: upgrade mappo to open it"
+        )
+    if not isinstance(data, dict) or written != FORMAT:
         raise CheckpointError(f"'{path}' is not a mappo checkpoint (format {FORMAT})")
     for key in ("config", "spec", "progress", "learner"):
         if not isinstance(data.get(key), dict):
             raise CheckpointError(f"'{path}' is an incomplete mappo checkpoint (no '{key}')")
+    _check_readable_fields(path, data, fix)
     if not isinstance(data["learner"].get("policy"), dict):
         raise CheckpointError(f"'{path}' is an incomplete mappo checkpoint (no policy)")
     bad = first_nonfinite(data["learner"]["policy"])
@@ -193,6 +200,32 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
             "saved; use an older checkpoint"
         )
     return data
+
+
+def _check_readable_fields(path: Path, data: dict[str, Any], fix: str) -> None:
+    """Refuse a checkpoint whose counters or env spec cannot be read back (a file altered by
+    hand or by another program): the spec is rebuilt as the networks will rebuild it, and the
+    counters must be whole numbers, so that nothing fails later in a traceback."""
+    from mappo.data import spec_from_dict
+
+    for key in ("iteration", "env_steps"):
+        value = data["progress"].get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise CheckpointError(
+                f"'{path}' is a damaged mappo checkpoint (progress '{key}' is {value!r}); "
+                + fix.replace("it may be truncated: ", "")
+            )
+    try:
+        spec = spec_from_dict(data["spec"])
+        for group in spec.groups.values():  # (shapes of whole numbers, as networks read them)
+            sizes = (*group.obs_shape, *spec.state_shape, *group.action.nvec)
+            if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes):
+                raise ValueError("a shape or action count that is no whole number")
+    except Exception as err:  # noqa: BLE001 - any failure to rebuild it means the same
+        raise CheckpointError(
+            f"'{path}' is a damaged mappo checkpoint (its env spec: {type(err).__name__}); "
+            + fix.replace("it may be truncated: ", "")
+        ) from None
 
 
 def _checkpoint_files(run_dir: Path) -> list[Path]:

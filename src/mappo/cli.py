@@ -64,6 +64,7 @@ a seed's low 32 bits, so a larger one would play the episodes of a smaller one."
 
 _positive_int = _int_at_least(1, "a positive integer")  # a count of episodes or steps
 _nonnegative_int = _int_at_least(0, "an integer >= 0")
+_THREADS = _int_at_least(0, "a thread count from 0 to 1024 (as the config's threads)", 1024)
 
 
 def _finite_float(text: str) -> float:
@@ -905,7 +906,7 @@ def build_parser() -> argparse.ArgumentParser:
     be.add_argument("--no-pettingzoo", action="store_true", help="skip the mpe2 reference row")
     be.add_argument(
         "--threads",
-        type=_nonnegative_int,
+        type=_THREADS,
         default=1,
         help="torch threads for our rows (1, the default, is fastest for the particle worlds on "
         "2 cores; Hanabi at thousands of games gains from more; 0: torch's own count, every "

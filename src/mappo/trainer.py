@@ -1619,7 +1619,7 @@ def _drop_stale_summary(run_dir: Path, step: int) -> None:
     path = run_dir / "summary.json"
     try:
         done = json.loads(path.read_text(encoding="utf-8")).get("env_steps")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # (nested past the parser)
         return  # none, or not ours to judge
     if isinstance(done, int) and done > step:
         path.unlink(missing_ok=True)

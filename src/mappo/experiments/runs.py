@@ -246,7 +246,7 @@ def read_run(path: Path) -> RunRecord:
     if (path / "summary.json").is_file():
         try:
             summary = json.loads((path / "summary.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             summary = None
     try:
         algo = config_mod.from_dict(data).algo_name
@@ -474,7 +474,7 @@ def summary_steps(run_dir: Path) -> int:
     """The env steps that ``run_dir/summary.json`` counts (0 without a readable one)."""
     try:
         return int(json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))["env_steps"])
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, RecursionError):
         return 0
 
 

@@ -86,7 +86,7 @@ def trial_state(trial: Trial) -> str:
     d = Path(trial.dir)
     summary = d / "summary.json"
     if summary.is_file():
-        with contextlib.suppress(OSError, ValueError, TypeError):
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError, RecursionError):
             if (
                 int(json.loads(summary.read_text(encoding="utf-8"))["env_steps"])
                 >= trial.total_env_steps
@@ -710,7 +710,7 @@ def _check_same_sweep(spec: SweepSpec, root: Path) -> None:
     its record would be replaced and its runs reported under this sweep's name."""
     try:
         earlier = json.loads((root / "sweep.json").read_text(encoding="utf-8")).get("name")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return  # no sweep there yet, or no readable record of one
     if isinstance(earlier, str) and earlier != spec.name:
         raise SweepError(
