@@ -851,3 +851,15 @@ def test_a_sweep_on_cuda_without_a_gpu_is_refused_before_any_trial(tmp_path, cap
     err = capsys.readouterr().err
     assert "trains on device=cuda, but no CUDA device is available here" in err
     assert not any(sweep_dir.rglob("config.yaml"))  # no trial folder was written
+
+
+def test_a_sweep_too_large_to_hold_is_refused_before_its_trials_are_made(tmp_path):
+    """A seed count or grid typo (10**9 seeds, 10**6 grid points) exhausted the memory, or ran
+    for minutes, before: one line with the counts instead, at once."""
+    spec = _write_spec(tmp_path, "presets: [TINY]\nseeds: 1000000000\n")
+    with pytest.raises(S.SweepError, match="asks for 1,000,000,000 seeds; a sweep holds at most"):
+        S.load_spec(str(spec), tmp_path / "sw")
+    grid = "{" + ", ".join(f"k{i}: [{', '.join(map(str, range(10)))}]" for i in range(6)) + "}"
+    spec = _write_spec(tmp_path, f"presets: [TINY]\nseeds: 2\ngrid: {grid}\n")
+    with pytest.raises(S.SweepError, match=r"2,000,000 trials \(1 presets x 1,000,000 grid"):
+        S.load_spec(str(spec), tmp_path / "sw")

@@ -177,6 +177,12 @@ def _check_metric_logged(spec: SweepSpec, path: Path) -> None:
     )
 
 
+MAX_TRIALS = 10_000
+"""The most trials one sweep may hold: each is checked (its config loaded) when the spec is
+read, and a typo of a grid (10**6 points) or of a seed count would otherwise run for hours or
+exhaust the memory before saying anything."""
+
+
 def load_spec(source: str, sweep_dir: str | Path | None = None) -> SweepSpec:
     """Read and check a spec (a YAML path or a shipped name such as ``paper/mpe``) and expand
     its trials; every trial's config is loaded and checked here, before anything runs.
@@ -209,6 +215,11 @@ def load_spec(source: str, sweep_dir: str | Path | None = None) -> SweepSpec:
     )
     seeds = data.get("seeds", [1])
     if isinstance(seeds, int) and not isinstance(seeds, bool) and seeds >= 1:
+        _need(
+            seeds <= MAX_TRIALS,
+            f"'seeds' in '{path}' asks for {seeds:,} seeds; a sweep holds at most "
+            f"{MAX_TRIALS:,} trials: split it into sweeps of fewer",
+        )
         seeds = list(range(1, seeds + 1))
     _need(
         isinstance(seeds, list)
@@ -225,6 +236,14 @@ def load_spec(source: str, sweep_dir: str | Path | None = None) -> SweepSpec:
         isinstance(grid, dict) and all(isinstance(v, list) and v for v in grid.values()),
         f"'grid' in '{path}' must map config keys to non-empty lists of values, e.g. "
         "{algo.clip: [0.1, 0.2]}",
+    )
+    points = math.prod(len(v) for v in grid.values()) if isinstance(grid, dict) else 1
+    trials = len(presets) * points * len(seeds)
+    _need(
+        trials <= MAX_TRIALS,
+        f"'{path}' asks for {trials:,} trials ({len(presets)} presets x {points:,} grid points "
+        f"x {len(seeds):,} seeds); a sweep holds at most {MAX_TRIALS:,}: split it into sweeps "
+        "of fewer",
     )
     both = sorted(set(grid) & set(overrides))
     _need(not both, f"'{both[0] if both else ''}' is in both 'grid' and 'overrides' of '{path}'")
