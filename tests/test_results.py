@@ -196,6 +196,25 @@ def test_marl_eval_export_layout(tmp_path):
     assert seed_1["absolute_metrics"] == {"episode_return": [-151.0]}
 
 
+def test_marl_eval_never_writes_over_a_runs_files_and_a_bad_seed_is_named(tmp_path, capsys):
+    """--marl-eval replaced whatever it named (a run's metrics.csv, summary.json, a
+    checkpoint); a seed of another type in a config.yaml edited by hand was a traceback."""
+    run = _fake_run(tmp_path, 1, [(1000, -200.0)])
+    before = (run / "metrics.csv").read_bytes()
+    for target, message in (
+        (run / "metrics.csv", "--marl-eval must name a .json file"),
+        (run / "summary.json", "is inside the run directory"),
+    ):
+        assert main(["report", str(tmp_path), "--marl-eval", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+    assert (run / "metrics.csv").read_bytes() == before
+    config = (run / "config.yaml").read_text()
+    (run / "config.yaml").write_text(config.replace("seed: 1", "seed: [1]", 1))
+    assert main(["report", str(run)]) == 2
+    assert "has seed [1], not a whole number" in capsys.readouterr().err
+
+
 def test_cli_report_plot_and_their_errors(tmp_path, capsys):
     _fake_run(tmp_path, 1, [(1000, -200.0), (2000, -150.0)])
     assert main(["report", str(tmp_path), "--marl-eval", str(tmp_path / "m.json")]) == 0

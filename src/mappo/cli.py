@@ -656,7 +656,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     from mappo.experiments.report import FORMATS, marl_eval, report_rows
     from mappo.experiments.runs import ResultsError
 
-    configs, _ = _results(args)
+    configs, runs = _results(args)
+    if args.marl_eval:
+        _check_marl_eval_path(args.marl_eval, [run.dir for run in runs])
     if args.window is not None and args.target is None:
         raise ResultsError("--window needs --target (the level it judges)")
     window = 3 if args.window is None else args.window
@@ -675,6 +677,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.marl_eval:
         print(f"wrote {args.marl_eval} (marl-eval raw-data JSON)", file=sys.stderr)
     return 0
+
+
+def _check_marl_eval_path(path: Path, run_dirs: list[Path]) -> None:
+    """Refuse a ``--marl-eval`` file that is not a .json file or lies inside a run directory
+    being read: the write replaced whatever was there (a run's metrics.csv, summary.json or a
+    checkpoint)."""
+    from mappo.experiments.runs import ResultsError
+
+    if path.suffix.lower() != ".json":
+        raise ResultsError(f"--marl-eval must name a .json file, got '{path}'")
+    target = path.resolve()
+    for run_dir in run_dirs:
+        if run_dir.resolve() in target.parents:
+            raise ResultsError(
+                f"--marl-eval '{path}' is inside the run directory '{run_dir}' being read; "
+                "write it outside the runs, e.g. results.json"
+            )
 
 
 def _add_import(parser: argparse.ArgumentParser) -> None:

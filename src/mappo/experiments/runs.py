@@ -216,6 +216,12 @@ def read_run(path: Path) -> RunRecord:
         raise ResultsError(
             f"'{path}' is not a run directory of mappo: its config.yaml holds no config"
         )
+    seed = data.get("seed", 0)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ResultsError(
+            f"'{path / 'config.yaml'}' has seed {seed!r}, not a whole number: repair that line "
+            "(its checkpoints hold the run's config), or leave the run out"
+        )
     if not names:  # (empty, or killed before its header's line end)
         raise ResultsError(
             f"'{path / 'metrics.csv'}' is empty or its header line is incomplete: the run "
