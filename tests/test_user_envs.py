@@ -663,6 +663,23 @@ def test_observations_of_images_size_are_named_before_training():
         _warn_large_observations(cfg, MatchEnv(1))
 
 
+def _late_fault_module(folder: Path, module: str, after: int, fault: str) -> None:
+    """Write ``module``: the toy env whose ``_step`` runs the statement ``fault`` on its step's
+    output from its ``after + 1``-th call on (counted over every copy in the process)."""
+    (folder / f"{module}.py").write_text(
+        "import torch\n"
+        "from toy_env import MatchEnv\n"
+        "class Late(MatchEnv):\n"
+        "    calls = 0\n"
+        "    def _step(self, actions):\n"
+        "        step = super()._step(actions)\n"
+        "        Late.calls += 1\n"
+        f"        if Late.calls > {after}:\n"
+        f"            {fault}\n"
+        "        return step\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("fault", "message"),
     [
@@ -678,19 +695,13 @@ def test_a_mistake_after_the_checked_outputs_is_named_in_one_line(
     came in when training fails on it, instead of a traceback from where the rollout stored it
     (or, for the statistic, an average of zeros)."""
     module = f"late_{fault}_envs"  # (a module of its own per case: imports are cached)
-    (user_folder / f"{module}.py").write_text(
-        "from toy_env import MatchEnv\n"
-        "class Late(MatchEnv):\n"
-        "    calls = 0\n"
-        "    def _step(self, actions):\n"
-        "        step = super()._step(actions)\n"
-        "        Late.calls += 1\n"
-        "        if Late.calls > 30:\n"
-        f"            if {fault!r} == 'shape':\n"
-        "                step.obs = {'agents': step.obs['agents'][..., :4]}\n"
-        "            else:\n"
-        "                step.stats = {}\n"
-        "        return step\n"
+    _late_fault_module(
+        user_folder,
+        module,
+        30,
+        "step.obs = {'agents': step.obs['agents'][..., :4]}"
+        if fault == "shape"
+        else "step.stats = {}",
     )
     argv = ["train", "mpe/simple_spread_fast", f"env.name=python:{module}:Late", *TINY]
     argv = [*argv[:-1], "total_env_steps=800", f"run_dir={tmp_path / 'runs'}"]
@@ -724,25 +735,13 @@ def test_the_pre_reset_fields_of_a_users_env_are_checked(
     outputs, or where training fails later) instead of a traceback or a divergence blamed on
     the learning rates."""
     module = f"final_{fault}_{after}_envs"
-    (user_folder / f"{module}.py").write_text(
-        "import torch\n"
-        "from toy_env import MatchEnv\n"
-        "class Late(MatchEnv):\n"
-        "    calls = 0\n"
-        "    def _step(self, actions):\n"
-        "        step = super()._step(actions)\n"
-        "        Late.calls += 1\n"
-        f"        if Late.calls > {after}:\n"
-        f"            if {fault!r} == 'none':\n"
-        "                step.final_obs, step.final_state = None, None\n"
-        f"            elif {fault!r} == 'shape':\n"
-        "                step.final_state = step.final_state[:, :5]\n"
-        f"            elif {fault!r} == 'state':\n"
-        "                step.state = torch.full_like(step.state, float('nan'))\n"
-        "            else:\n"
-        "                step.final_state = torch.full_like(step.final_state, float('nan'))\n"
-        "        return step\n"
-    )
+    faults = {
+        "none": "step.final_obs, step.final_state = None, None",
+        "shape": "step.final_state = step.final_state[:, :5]",
+        "state": "step.state = torch.full_like(step.state, float('nan'))",
+        "nan": "step.final_state = torch.full_like(step.final_state, float('nan'))",
+    }
+    _late_fault_module(user_folder, module, after, faults[fault])
     argv = ["train", "mpe/simple_spread_fast", f"env.name=python:{module}:Late", *TINY]
     argv = [*argv[:-1], "total_env_steps=800", "algo.bootstrap_truncation=true"]
     assert main([*argv, f"run_dir={tmp_path / 'runs'}"]) == code
